@@ -1,0 +1,5 @@
+import sys
+
+from cnncompare.cli import main
+
+sys.exit(main())

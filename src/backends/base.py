@@ -1,0 +1,92 @@
+"""What the harness requires of a backend, and what it may optionally offer.
+
+The required contract is two members, ``name`` and ``compile``. Everything
+else is optional: the harness reads it through the helpers below, which
+supply the documented default, so a backend with only ``name`` and
+``compile`` keeps working as the optional set grows.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # torch is imported lazily: `cnncompare --help` should not pay for it
+    import torch
+
+#: Default absolute floor for the parity check (see ``parity_tolerance``).
+DEFAULT_PARITY_TOLERANCE = 1e-5
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A way of turning the workload's model into something faster.
+
+    Required members:
+
+    ``name: str``
+        Unique across all plugins; used by ``--backends`` and shown in
+        reports. Letters, digits and ``-_.:+`` only (no commas or spaces).
+    ``compile(model, example, device) -> callable``
+        Returns a callable ``f(x) -> log-probabilities`` that trains
+        ``model``'s parameters (returning ``model`` itself is the eager
+        baseline). ``example`` is an input batch already on ``device`` (a
+        ``torch.device``); ``model`` is already on ``device`` and in train
+        mode. The harness times this call as ``compile_s``; any lazy work
+        (``torch.compile`` compiles on the first call) lands in
+        ``first_step_s``. If the result is an ``nn.Module``, the optimizer is
+        built over its parameters, else over ``model``'s.
+
+    Optional members (default in brackets):
+
+    ``description: str`` [``""``]
+        One line for ``--list`` and the report.
+    ``unavailable_reason(device) -> str | None`` [always ``None``]
+        ``None`` when the backend can run on ``device``; otherwise why not.
+        Cells it refuses are reported as ``skipped`` with that reason.
+    ``min_warmup: int`` [``0``]
+        Warm-up steps the backend needs before its steady state (TorchScript's
+        profiling executor needs two). The harness runs
+        ``max(--warmup, min_warmup)``.
+    ``compile_step(step, example, device) -> callable`` [absent]
+        Called after ``compile`` with the whole training step
+        ``step(x, y) -> loss`` (forward, NLLLoss, zero_grad, backward, Adam);
+        returns a replacement with the same signature, e.g. the step compiled
+        as one function. Its wall time is added to ``compile_s``.
+    ``parity_tolerance: float`` [``1e-5``]
+        Absolute RMSE floor of the parity check: a compared tensor passes
+        when its RMSE against a float64 eager reference is at most
+        3 x fp32 eager's own RMSE + this tolerance. Raise it for reduced
+        precision backends, and say why in ``description``.
+    """
+
+    name: str
+
+    def compile(self, model: "torch.nn.Module", example: "torch.Tensor", device: "torch.device") -> Callable[..., Any]:
+        ...
+
+
+def description(backend: Any) -> str:
+    return str(getattr(backend, "description", "") or "")
+
+
+def unavailable_reason(backend: Any, device: "torch.device") -> Optional[str]:
+    """Why ``backend`` can't run on ``device``, or None; a raising check counts as a reason."""
+    check = getattr(backend, "unavailable_reason", None)
+    if check is None:
+        return None
+    try:
+        reason = check(device)
+    except Exception as exc:  # a broken check must not stop the run
+        return f"unavailable_reason() raised {type(exc).__name__}: {exc}"
+    return None if reason is None else str(reason)
+
+
+def min_warmup(backend: Any) -> int:
+    return max(0, int(getattr(backend, "min_warmup", 0) or 0))
+
+
+def parity_tolerance(backend: Any) -> float:
+    return float(getattr(backend, "parity_tolerance", DEFAULT_PARITY_TOLERANCE))
+
+
+def step_compiler(backend: Any) -> Optional[Callable[..., Any]]:
+    return getattr(backend, "compile_step", None)

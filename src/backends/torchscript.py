@@ -1,0 +1,35 @@
+"""TorchScript: torch.jit.trace and torch.jit.script of the model.
+
+Deprecated since about torch 2.10 (every call warns); kept because the seed
+study asked whether it speeds training up. The deprecation warnings and any
+TracerWarning land in the report's notes, captured by the harness.
+"""
+import torch
+
+import cnncompare
+
+
+class JitTrace:
+    name = "jit-trace"
+    description = "torch.jit.trace of the model (records one path through Python control flow)"
+    # The profiling executor specialises on the first runs; two are needed
+    # before the optimised graph is in use.
+    min_warmup = 2
+
+    def compile(self, model, example, device):
+        return torch.jit.trace(model, example)
+
+
+class JitScript:
+    name = "jit-script"
+    description = "torch.jit.script of the model (compiles Python source to TorchScript)"
+    min_warmup = 2
+
+    def compile(self, model, example, device):
+        return torch.jit.script(model)
+
+
+@cnncompare.hookimpl
+def cnncompare_register_backends(register):
+    register(JitTrace())
+    register(JitScript())

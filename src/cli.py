@@ -1,0 +1,280 @@
+"""The ``cnncompare`` command line.
+
+Exit codes: 0 every requested cell has a row (failed cells are results);
+1 the harness itself failed; 2 usage error (nothing was run); 130 / 143
+interrupted by SIGINT / SIGTERM (finished cells are kept and written).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import signal
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import cnncompare
+
+EXIT_OK, EXIT_HARNESS, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """One line for the user; exit 2 before any work."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one clear line, no usage dump
+        raise UsageError(message)
+
+
+def _int_arg(option: str, minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{option}: expected a whole number, got {text!r}") from None
+        if value < minimum:
+            what = "positive" if minimum == 1 else f"at least {minimum}"
+            raise argparse.ArgumentTypeError(f"{option}: must be {what}, got {value}")
+        return value
+
+    return parse
+
+
+def _seconds_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--timeout: expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"--timeout: must be a positive number of seconds, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="cnncompare",
+        description="Compare PyTorch compilation backends on one CNN training step: "
+        "time, compile cost, memory and correctness, each cell in its own process.",
+        epilog="Exit codes: 0 every requested cell has a row (failed cells are results), "
+        "1 the harness failed, 2 usage error, 130/143 interrupted (finished cells kept).",
+    )
+    p.add_argument("--backends", default="all", help="'all' (every registered backend) or a comma list (default: all)")
+    p.add_argument("--devices", default="all", help="'all' (cpu + every CUDA GPU + mps), or a comma list of cpu, cuda, cuda:N, mps (default: all)")
+    p.add_argument("--batch-size", type=_int_arg("--batch-size", 1), default=128, help="images per step (default: 128)")
+    p.add_argument("--image-size", type=_int_arg("--image-size", 1), default=28, help="square image side in pixels (default: 28)")
+    p.add_argument("--steps", type=_int_arg("--steps", 1), default=20, help="measured steps per cell (default: 20)")
+    p.add_argument("--warmup", type=_int_arg("--warmup", 0), default=3, help="warm-up steps; a backend may ask for more (default: 3)")
+    p.add_argument("--seed", type=_int_arg("--seed", 0), default=0, help="seed for weights and data (default: 0)")
+    p.add_argument("--threads", type=_int_arg("--threads", 1), default=None, help="torch CPU threads (default: every available core)")
+    p.add_argument("--timeout", type=_seconds_arg, default=600.0, help="seconds per cell before its processes are killed (default: 600)")
+    p.add_argument("--max-memory", type=_int_arg("--max-memory", 64), default=None, metavar="MB",
+                   help="kill a cell whose processes exceed this RSS, reported as oom (default: no cap)")
+    p.add_argument("--output", type=Path, default=None, help="markdown report path (default: reports/cnncompare-<timestamp>.md)")
+    p.add_argument("--json", type=Path, default=None, help="JSON report path (default: beside the markdown, .json)")
+    p.add_argument("--resume", type=Path, default=None, metavar="PATH.json",
+                   help="continue an interrupted run: keep its finished cells, run the rest (same options required)")
+    p.add_argument("--list", action="store_true", help="list backends, their plugins and availability per device, then exit")
+    p.add_argument("--version", action="version", version=f"cnncompare {cnncompare.__version__}")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except UsageError as exc:
+        print(f"cnncompare: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+
+    from cnncompare.core import devices as devmod
+    from cnncompare.plugins import PluginError, load_registry
+
+    try:
+        device_parts = devmod.parse_devices(args.devices)
+    except devmod.DeviceError as exc:
+        raise UsageError(f"--devices: {exc}") from None
+    try:
+        registry = load_registry()
+    except PluginError as exc:
+        raise UsageError(str(exc)) from None
+    for warning in registry.warnings:
+        print(f"cnncompare: warning: {warning}", file=sys.stderr)
+    for plugin in registry.broken:
+        print(f"cnncompare: warning: plugin {plugin.name!r} not loaded: {plugin.error}", file=sys.stderr)
+
+    if args.list:
+        print(render_backend_list(registry, devmod.resolve_devices(device_parts)))
+        return EXIT_OK
+
+    backends = _select_backends(args.backends, registry)
+    from cnncompare.core.config import ConfigError, RunConfig
+
+    try:
+        config = RunConfig(
+            backends=tuple(backends), devices=tuple(device_parts), batch_size=args.batch_size,
+            image_size=args.image_size, steps=args.steps, warmup=args.warmup, seed=args.seed,
+            threads=args.threads, timeout_s=args.timeout, max_memory_mb=args.max_memory,
+        )
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    resumed = _load_resume(args.resume) if args.resume else None
+    md_path, json_path = _output_paths(args)
+    return run(config, registry, devmod.resolve_devices(device_parts), md_path, json_path, resumed)
+
+
+def _select_backends(spec: str, registry) -> list[str]:
+    names = [part.strip() for part in spec.split(",") if part.strip()]
+    if not names:
+        raise UsageError("--backends: no backend given")
+    chosen: list[str] = []
+    for name in names:
+        expanded = list(registry.backends) if name == "all" else [name]
+        for item in expanded:
+            if item not in registry.backends:
+                known = ", ".join(sorted(registry.backends))
+                raise UsageError(f"--backends: unknown backend {item!r}; known: all, {known}")
+            if item not in chosen:
+                chosen.append(item)
+    return chosen
+
+
+def _check_writable(option: str, path: Path) -> Path:
+    path = path.expanduser()
+    if path.is_dir():
+        raise UsageError(f"{option}: {str(path)!r} is a directory, expected a file path")
+    parent = path.parent
+    existing = parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"{option}: can't write {str(path)!r}: {str(existing)!r} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"{option}: can't write {str(path)!r}: permission denied")
+    return path
+
+
+def _output_paths(args: argparse.Namespace) -> tuple[Path, Path]:
+    if args.output is not None:
+        md_path = _check_writable("--output", args.output)
+    elif args.resume is not None:
+        md_path = args.resume.with_suffix(".md")
+    else:
+        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        md_path = Path("reports") / f"cnncompare-{stamp}.md"
+    md_path = _check_writable("--output", md_path)
+    json_default = args.resume if args.resume is not None else md_path.with_suffix(".json")
+    json_path = _check_writable("--json", args.json if args.json is not None else json_default)
+    if json_path.resolve() == md_path.resolve():
+        raise UsageError("--json: must differ from the markdown --output path")
+    return md_path, json_path
+
+
+def _load_resume(path: Path):
+    from cnncompare.core.results import RunReport
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return RunReport.from_dict(data)
+    except FileNotFoundError:
+        raise UsageError(f"--resume: {str(path)!r} does not exist") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"--resume: {str(path)!r} is not a cnncompare JSON report ({exc})") from None
+
+
+def _check_resumable(resumed, config, environment: dict) -> None:
+    from cnncompare.core.config import RunConfig
+    from cnncompare.core.environment import COMPARABLE_KEYS
+
+    old = RunConfig.from_dict(resumed.config).workload_key()
+    new = config.workload_key()
+    changed = [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in new if old.get(k) != new.get(k)]
+    changed += [
+        f"environment {k} {resumed.environment.get(k)!r} -> {environment.get(k)!r}"
+        for k in COMPARABLE_KEYS if resumed.environment.get(k) != environment.get(k)
+    ]
+    if changed:
+        raise UsageError("--resume: refused, the run differs from the one being resumed: " + "; ".join(changed))
+
+
+def run(config, registry, slots, md_path: Path, json_path: Path, resumed=None) -> int:
+    from cnncompare.core import environment as envmod
+    from cnncompare.core.fileio import write_atomic
+    from cnncompare.core.orchestrate import Interrupted, plan_cells, run_cells
+    from cnncompare.core.report import render_json, render_markdown
+    from cnncompare.core.results import RunReport
+
+    environment = envmod.capture(config.resolved_threads)
+    if resumed is not None:
+        _check_resumable(resumed, config, environment)
+        report = resumed
+        report.interrupted = False
+        report.config = config.to_dict()
+        report.notes.append(f"resumed at {environment['date']} with {len(report.results)} finished cells kept")
+    else:
+        report = RunReport(environment=environment, config=config.to_dict(), started_at=environment["date"])
+    report.plugins = [vars(p).copy() for p in registry.plugins]
+    report.notes.extend(w for w in registry.warnings if w not in report.notes)
+
+    for path in (md_path, json_path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(rep: RunReport) -> None:
+        write_atomic(json_path, render_json(rep))
+        write_atomic(md_path, render_markdown(rep))
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    def on_signal(signum, frame):
+        raise Interrupted(signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    exit_code = EXIT_OK
+    try:
+        run_cells(plan_cells(config, slots), config, registry, report, write, progress)
+    except Interrupted as exc:
+        report.interrupted = True
+        exit_code = exc.exit_code
+        progress(f"cnncompare: interrupted ({exc}); {len(report.results)} finished cells kept. "
+                 f"Continue with --resume {json_path}")
+    except Exception:
+        report.interrupted = True
+        report.notes.append("the harness failed: " + traceback.format_exc().strip().splitlines()[-1])
+        traceback.print_exc()
+        exit_code = EXIT_HARNESS
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    report.finished_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    write(report)
+    print(render_markdown(report))
+    progress(f"cnncompare: wrote {md_path} and {json_path}")
+    return exit_code
+
+
+def render_backend_list(registry, slots) -> str:
+    import torch
+    from tabulate import tabulate
+
+    from cnncompare.backends import base
+
+    rows = []
+    for name, backend in registry.backends.items():
+        availability = []
+        for slot in slots:
+            reason = slot.unavailable or base.unavailable_reason(backend, torch.device(slot.name))
+            availability.append(f"{slot.name}: {'yes' if not reason else 'no (' + reason + ')'}")
+        rows.append([name, registry.origin[name], base.description(backend), "; ".join(availability)])
+    text = tabulate(rows, headers=["backend", "plugin", "description", "devices"], tablefmt="simple")
+    broken = [f"  {p.name}: {p.error}" for p in registry.broken]
+    if broken:
+        text += "\n\nplugins not loaded:\n" + "\n".join(broken)
+    return text

@@ -1,0 +1,104 @@
+"""The run's configuration, validated on construction."""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; ``option`` names the CLI flag."""
+
+    def __init__(self, option: str, message: str):
+        super().__init__(f"{option}: {message}")
+        self.option = option
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What one run measures. Defaults are the seed study's (batch 128, 28x28, 20 steps).
+
+    ``threads`` None means every core this process may use; it is resolved
+    and recorded when the run starts.
+    """
+
+    backends: tuple[str, ...] = ("eager",)
+    devices: tuple[str, ...] = ("cpu",)
+    batch_size: int = 128
+    image_size: int = 28
+    in_channels: int = 3
+    num_classes: int = 10
+    lr: float = 1e-3
+    steps: int = 20
+    warmup: int = 3
+    seed: int = 0
+    threads: Optional[int] = None
+    timeout_s: float = 600.0
+    max_memory_mb: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        positive = {
+            "--batch-size": self.batch_size,
+            "--image-size": self.image_size,
+            "--steps": self.steps,
+            "in_channels": self.in_channels,
+            "num_classes": self.num_classes,
+        }
+        for option, value in positive.items():
+            _require_int(option, value, minimum=1)
+        _require_int("--warmup", self.warmup, minimum=0)
+        _require_int("--seed", self.seed, minimum=0)
+        if self.threads is not None:
+            _require_int("--threads", self.threads, minimum=1)
+        if self.max_memory_mb is not None:
+            _require_int("--max-memory", self.max_memory_mb, minimum=64)
+        if not (isinstance(self.timeout_s, (int, float)) and math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise ConfigError("--timeout", f"must be a positive number of seconds, got {self.timeout_s!r}")
+        if isinstance(self.lr, bool) or not (isinstance(self.lr, (int, float)) and self.lr > 0):
+            raise ConfigError("lr", f"must be a positive float, got {self.lr!r}")
+        if not self.backends:
+            raise ConfigError("--backends", "no backend selected")
+        if not self.devices:
+            raise ConfigError("--devices", "no device selected")
+
+    @property
+    def resolved_threads(self) -> int:
+        return self.threads if self.threads is not None else available_cores()
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["backends"] = list(self.backends)
+        data["devices"] = list(self.devices)
+        data["threads"] = self.resolved_threads
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RunConfig":
+        known = {f for f in cls.__dataclass_fields__}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        kwargs["backends"] = tuple(kwargs.get("backends", ()))
+        kwargs["devices"] = tuple(kwargs.get("devices", ()))
+        return cls(**kwargs)
+
+    def workload_key(self) -> dict:
+        """What must match for two runs' cells to be comparable (used by --resume)."""
+        data = self.to_dict()
+        for key in ("backends", "devices", "timeout_s", "max_memory_mb"):
+            data.pop(key)
+        return data
+
+
+def _require_int(option: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(option, f"must be a whole number, got {value!r}")
+    if value < minimum:
+        what = "positive" if minimum == 1 else f"at least {minimum}"
+        raise ConfigError(option, f"must be {what}, got {value}")

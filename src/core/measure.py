@@ -1,0 +1,264 @@
+"""One cell: a backend on a device, measured inside its own child process.
+
+Order matters. Timing and memory are read first, from a cold start (fresh
+process, fresh compile cache); the parity check runs after every figure is
+taken, so its reference models can't inflate the memory figures.
+
+Phases and what a failure in each means:
+  compile     backend.compile (+ compile_step)         -> fail_compile
+  first_step  first training step (lazy compilers
+              compile here)                            -> fail_compile if the
+                                                          compiler raised, else fail_run
+  warmup, steps                                        -> fail_run
+  non-finite loss in any step                          -> fail_accuracy
+  parity      first step vs a float64 eager reference  -> fail_accuracy
+An out-of-memory error in any phase is ``oom``.
+"""
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from dataclasses import asdict
+from typing import Any, Callable, Optional
+
+import torch
+
+from cnncompare.backends import base
+from cnncompare.core.config import RunConfig
+from cnncompare.core.memory import current_rss_mb, peak_rss_mb, reset_peak_rss
+from cnncompare.core.results import Parity, Status
+from cnncompare.core.workload import build_model, make_batch, make_optimizer, make_train_step, trained_parameters
+
+#: A compared tensor passes when rmse(backend) <= PARITY_MULTIPLIER * rmse(fp32 eager) + tolerance,
+#: both against float64 eager (the rule of PyTorch's own dynamo benchmark harness).
+PARITY_MULTIPLIER = 3.0
+ERROR_TAIL_LINES = 15
+_MB = 1024 * 1024
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued device work; a no-op on the CPU (an unconditional cuda sync would crash there)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def _timed(fn: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
+    synchronize(device)
+    start = time.perf_counter()
+    value = fn()
+    synchronize(device)
+    return value, time.perf_counter() - start
+
+
+def _timed_steps(step: Callable, x, y, n: int, device: torch.device, losses: list) -> list[float]:
+    """Per-step seconds. On CUDA, events bracket each step on the stream and one
+    synchronize at the end collects them, so host-side timing can't miss queued work
+    and no per-step sync distorts the loop."""
+    if device.type == "cuda":
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+        for start, end in events:
+            start.record()
+            losses.append(step(x, y))
+            end.record()
+        torch.cuda.synchronize(device)
+        return [start.elapsed_time(end) / 1000.0 for start, end in events]
+    samples = []
+    for _ in range(n):
+        loss, seconds = _timed(lambda: step(x, y), device)
+        losses.append(loss)
+        samples.append(seconds)
+    return samples
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    text = str(exc).lower()
+    return "out of memory" in text or "bad_alloc" in text or "can't allocate memory" in text
+
+
+def _is_compiler_error(exc: BaseException) -> bool:
+    return any(type(e).__module__.startswith(("torch._dynamo", "torch._inductor")) for e in _chain(exc))
+
+
+def _chain(exc: Optional[BaseException]):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def classify(exc: BaseException, phase: str) -> Status:
+    if _is_oom(exc):
+        return Status.OOM
+    if phase == "compile" or (phase == "first_step" and _is_compiler_error(exc)):
+        return Status.FAIL_COMPILE
+    return Status.FAIL_RUN
+
+
+def error_fields(exc: BaseException, phase: str) -> dict:
+    lines = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip().splitlines()
+    summary = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    return {"error": f"{phase}: {summary}", "error_tail": "\n".join(lines[-ERROR_TAIL_LINES:])}
+
+
+def _prepare(backend: Any, config: RunConfig, device: torch.device, dtype=torch.float32):
+    """Build the model and batch, compile with the backend (timed), then the optimizer and step.
+
+    The optimizer comes after the backend so it is built over the parameters
+    the compiled module trains, already on their device (the seed's pitfall).
+    Returns (model, forward, step, x, y, compile_s).
+    """
+    model = build_model(config, device, dtype)
+    x, y = make_batch(config, device)
+    x = x.to(dtype)
+    if backend is None:
+        return model, model, make_train_step(model, make_optimizer(model.parameters(), config)), x, y, 0.0
+    forward, compile_s = _timed(lambda: backend.compile(model, x, device), device)
+    step = make_train_step(forward, make_optimizer(trained_parameters(forward, model), config))
+    compile_step = base.step_compiler(backend)
+    if compile_step is not None:
+        step, step_s = _timed(lambda: compile_step(step, x, device), device)
+        compile_s += step_s
+    return model, forward, step, x, y, compile_s
+
+
+def run_cell(backend: Any, config: RunConfig, device_name: str, checkpoint: Callable[[dict], None]) -> dict:
+    """Measure ``backend`` on ``device_name``; return the child's share of a CellResult as a dict.
+
+    ``checkpoint`` is called with the figures once timing and memory are
+    known, so they survive a crash or timeout in the parity check.
+    """
+    device = torch.device(device_name)
+    torch.set_num_threads(config.resolved_threads)
+    out: dict[str, Any] = {"status": Status.OK.value, "threads": torch.get_num_threads(), "warmup_s": []}
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.set_device(device)
+    out["rss_baseline_mb"] = current_rss_mb()
+    warmup = max(config.warmup, base.min_warmup(backend))
+    losses: list[torch.Tensor] = []
+    phase = "compile"
+    try:
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        model, forward, step, x, y, out["compile_s"] = _prepare(backend, config, device)
+        phase = "first_step"
+        loss, out["first_step_s"] = _timed(lambda: step(x, y), device)
+        losses.append(loss)
+        out["peak_rss_first_step_mb"] = peak_rss_mb()
+        if cuda:
+            out["cuda_peak_allocated_first_step_mb"] = torch.cuda.max_memory_allocated(device) / _MB
+            out["cuda_peak_reserved_first_step_mb"] = torch.cuda.max_memory_reserved(device) / _MB
+            torch.cuda.reset_peak_memory_stats(device)
+        steady_peak_known = reset_peak_rss()
+        phase = "warmup"
+        out["warmup_s"] = _timed_steps(step, x, y, warmup, device, losses)
+        phase = "steps"
+        out["step_samples"] = _timed_steps(step, x, y, config.steps, device, losses)
+        steady = peak_rss_mb()
+        out["peak_rss_steady_mb"] = steady if steady_peak_known else None
+        out["peak_rss_mb"] = max(out["peak_rss_first_step_mb"], steady)
+        if cuda:
+            out["cuda_peak_allocated_mb"] = max(out["cuda_peak_allocated_first_step_mb"], torch.cuda.max_memory_allocated(device) / _MB)
+            out["cuda_peak_reserved_mb"] = max(out["cuda_peak_reserved_first_step_mb"], torch.cuda.max_memory_reserved(device) / _MB)
+    except Exception as exc:
+        out.update(status=classify(exc, phase).value, **error_fields(exc, phase))
+        return out
+
+    bad = [i for i, value in enumerate(torch.stack([l.float() for l in losses]).tolist()) if not math.isfinite(value)]
+    if bad:
+        out.update(status=Status.FAIL_ACCURACY.value, error=f"non-finite loss at step {bad[0] + 1} of {len(losses)}")
+        return out
+    out["final_loss"] = losses[-1].item()
+    del model, forward, step, x, y, losses  # free the measured model before building the references
+    checkpoint(out)
+
+    phase = "parity"
+    try:
+        parity = check_parity(backend, config, device)
+    except Exception as exc:
+        out.update(status=classify(exc, phase).value, **error_fields(exc, phase))
+        return out
+    out["parity"] = asdict(parity)
+    if not parity.passed:
+        out.update(status=Status.FAIL_ACCURACY.value, error=f"parity: {parity.detail}")
+    return out
+
+
+def _first_step_state(backend: Any, config: RunConfig, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Loss, every gradient and every updated weight after one training step from the seeded start."""
+    model, forward, step, x, y, _ = _prepare(backend, config, device, dtype)
+    loss = step(x, y)
+    names = [name for name, _ in model.named_parameters()]
+    params = trained_parameters(forward, model)
+    if len(names) != len(params):
+        names = [f"param{i}" for i in range(len(params))]
+    state = {"loss": loss.detach().reshape(())}
+    for name, p in zip(names, params):
+        state[f"grad:{name}"] = p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+        state[f"weight:{name}"] = p.detach().clone()
+    return state
+
+
+def _rmse(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.double() - b.double()).pow(2).mean().sqrt().item()
+
+
+def _group_rel_error(state: dict, ref: dict, prefix: str) -> float:
+    keys = [k for k in ref if k.startswith(prefix)]
+    num = math.sqrt(sum((state[k].double() - ref[k].double()).pow(2).sum().item() for k in keys))
+    den = math.sqrt(sum(ref[k].double().pow(2).sum().item() for k in keys))
+    return num / den if den > 0 else num
+
+
+def check_parity(backend: Any, config: RunConfig, device: torch.device) -> Parity:
+    """Compare the backend's first step with float64 eager, judged against fp32 eager's own error."""
+    tolerance = base.parity_tolerance(backend)
+    got = _first_step_state(backend, config, device, torch.float32)
+    eager = _first_step_state(None, config, device, torch.float32)
+    if device.type == "mps":  # no float64 on MPS
+        reference_name, ref = "float32 eager (MPS has no float64)", eager
+    else:
+        reference_name, ref = "float64 eager", _first_step_state(None, config, device, torch.float64)
+
+    worst = (0.0, None, 0.0, 0.0)  # (rmse / limit, tensor, rmse, limit)
+    detail = None
+    for key, r in ref.items():
+        if got[key].shape != r.shape:
+            detail = f"{key} has shape {tuple(got[key].shape)}, expected {tuple(r.shape)}"
+            worst = (math.inf, key, math.nan, 0.0)
+            break
+        rmse = _rmse(got[key], r)
+        limit = PARITY_MULTIPLIER * _rmse(eager[key], r) + tolerance
+        ratio = rmse / limit if math.isfinite(rmse) and math.isfinite(limit) else math.inf
+        if ratio > worst[0]:
+            worst = (ratio, key, rmse, limit)
+    passed = worst[0] <= 1.0
+    if not passed and detail is None:
+        detail = (
+            f"{worst[1]}: RMSE {worst[2]:.3g} vs {reference_name} exceeds "
+            f"{PARITY_MULTIPLIER:g} x fp32 eager's + {tolerance:g} = {worst[3]:.3g}"
+        )
+    rel = {p: _group_rel_error(got, ref, p) for p in ("loss", "grad:", "weight:")}
+    eager_rel = {p: _group_rel_error(eager, ref, p) for p in ("loss", "grad:", "weight:")}
+    return Parity(
+        passed=passed,
+        reference=reference_name,
+        multiplier=PARITY_MULTIPLIER,
+        tolerance=tolerance,
+        loss_rel_error=rel["loss"],
+        grad_rel_error=rel["grad:"],
+        weight_rel_error=rel["weight:"],
+        eager_loss_rel_error=eager_rel["loss"],
+        eager_grad_rel_error=eager_rel["grad:"],
+        eager_weight_rel_error=eager_rel["weight:"],
+        worst_tensor=worst[1],
+        worst_rmse=worst[2],
+        worst_limit=worst[3],
+        detail=detail,
+    )

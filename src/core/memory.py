@@ -1,0 +1,50 @@
+"""Process memory readings for one cell's child.
+
+Peak RSS per phase on Linux: ``VmHWM`` from ``/proc/self/status`` is the
+high-water mark, and writing ``5`` to ``/proc/self/clear_refs`` resets it to
+the current RSS, so compile + first step and the steady state get separate
+peaks. Elsewhere only the lifetime peak (``ru_maxrss``) is known.
+"""
+from __future__ import annotations
+
+import resource
+import sys
+from typing import Optional
+
+import psutil
+
+_MB = 1024 * 1024
+
+
+def current_rss_mb() -> float:
+    return psutil.Process().memory_info().rss / _MB
+
+
+def _vmhwm_mb() -> Optional[float]:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return None
+
+
+def peak_rss_mb() -> float:
+    """Peak RSS since the last reset (or process start)."""
+    hwm = _vmhwm_mb()
+    if hwm is not None:
+        return hwm
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return maxrss / _MB if sys.platform == "darwin" else maxrss / 1024  # bytes on macOS, KiB on Linux
+
+
+def reset_peak_rss() -> bool:
+    """Reset the high-water mark to the current RSS; False where the OS can't."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return _vmhwm_mb() is not None
+    except OSError:
+        return False

@@ -1,0 +1,248 @@
+"""Runs every (device, backend) cell, each in a fresh child process.
+
+Isolation is the point: a crash, hang or memory blow-up in one backend
+costs that cell alone, and each cell's peak memory is its own. Each child
+starts a new session (process group) so a timeout, an over-memory cell or
+an interrupted run kills the child and anything it spawned (inductor
+compile workers) together. Each cell gets a fresh compile cache directory,
+so compile times are cold.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import psutil
+
+from cnncompare.backends import base
+from cnncompare.core.config import RunConfig
+from cnncompare.core.devices import DeviceSlot
+from cnncompare.core.results import CellResult, Parity, RunReport, StepStats, Status
+from cnncompare.plugins import Registry
+
+POLL_S = 0.05
+LOG_TAIL_LINES = 15
+
+
+class Interrupted(Exception):
+    """Raised in the parent on SIGINT/SIGTERM; carries the exit code (130 / 143)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.exit_code = 128 + signum
+
+
+@dataclass(frozen=True)
+class Cell:
+    backend: str
+    device: DeviceSlot
+
+
+def plan_cells(config: RunConfig, slots: list[DeviceSlot]) -> list[Cell]:
+    """Device by device; eager first on each, since every speedup is measured against it."""
+    order = sorted(config.backends, key=lambda name: name != "eager")
+    return [Cell(name, slot) for slot in slots for name in order]
+
+
+def run_cells(
+    cells: list[Cell],
+    config: RunConfig,
+    registry: Registry,
+    report: RunReport,
+    on_result: Callable[[RunReport], None],
+    progress: Callable[[str], None],
+) -> None:
+    """Run the cells not already in ``report`` (a resumed run keeps its finished ones).
+
+    ``on_result`` is called after each cell so results are written as they
+    come. ``Interrupted``/``KeyboardInterrupt`` propagate after the running
+    child's process group is killed.
+    """
+    done = {(r.backend, r.device) for r in report.results}
+    todo = [c for c in cells if (c.backend, c.device.name) not in done]
+    for i, cell in enumerate(todo, 1):
+        backend = registry.get(cell.backend)
+        label = f"[{i}/{len(todo)}] {cell.backend} on {cell.device.name}"
+        progress(f"{label} ...")
+        result = run_cell(backend, registry.origin.get(cell.backend), cell.device, config)
+        report.results.append(result)
+        on_result(report)
+        progress(f"{label}: {summarize(result)}")
+
+
+def summarize(r: CellResult) -> str:
+    if r.step_s is not None and r.status in (Status.OK, Status.FAIL_ACCURACY):
+        text = (
+            f"{r.status.value}  median {r.step_s.median:.4g} s/step, compile {r.compile_s:.3g} s, "
+            f"first step {r.first_step_s:.3g} s"
+        )
+    else:
+        text = r.status.value
+    if r.error:
+        text += f"  ({r.error.splitlines()[0][:160]})"
+    return text + (f"  [{r.wall_s:.0f} s]" if r.wall_s else "")
+
+
+def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunConfig) -> CellResult:
+    """Measure one cell; never raises for a backend's failure (that is a result)."""
+    result = CellResult(backend=backend.name, device=slot.name, status=Status.SKIPPED, plugin=plugin,
+                        description=base.description(backend))
+    if slot.unavailable:
+        result.error = slot.unavailable
+        return result
+    import torch
+
+    reason = base.unavailable_reason(backend, torch.device(slot.name))
+    if reason:
+        result.error = reason
+        return result
+    start = time.perf_counter()
+    _run_child(backend, slot.name, config, result)
+    result.wall_s = time.perf_counter() - start
+    if result.status == Status.FAIL_COMPILE and plugin and result.error:
+        result.error = f"plugin {plugin!r}: {result.error}"
+    return result
+
+
+def _payload(backend: Any, device: str, config: RunConfig, result_path: str) -> bytes:
+    try:
+        backend_pickle = pickle.dumps(backend)
+    except Exception:  # e.g. holds a lambda: the child finds it again through the plugins
+        backend_pickle = None
+    return pickle.dumps({
+        "sys_path": list(sys.path),
+        "backend_pickle": backend_pickle,
+        "backend_name": backend.name,
+        "config": config.to_dict(),
+        "device": device,
+        "result_path": result_path,
+    })
+
+
+def _child_env(workdir: Path, config: RunConfig) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        # Fresh caches: compile time is cold, and nothing leaks between cells.
+        "TORCHINDUCTOR_CACHE_DIR": str(workdir / "inductor-cache"),
+        "TRITON_CACHE_DIR": str(workdir / "triton-cache"),
+        # Compile in-process: worker pools outlive compilation and hold memory
+        # that the cell's peak RSS would not see (pytorch/pytorch#105832).
+        "TORCHINDUCTOR_COMPILE_THREADS": "1",
+        "OMP_NUM_THREADS": str(config.resolved_threads),
+        "PYTHONUNBUFFERED": "1",
+    })
+    return env
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def _tree_rss_mb(proc: psutil.Process) -> float:
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return total / (1024 * 1024)
+
+
+def _run_child(backend: Any, device: str, config: RunConfig, result: CellResult) -> None:
+    with tempfile.TemporaryDirectory(prefix="cnncompare-cell-") as tmp:
+        workdir = Path(tmp)
+        result_path = workdir / "result.json"
+        log_path = workdir / "child.log"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "cnncompare.core.child"],
+                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                env=_child_env(workdir, config), cwd=tmp, start_new_session=True,
+            )
+        killed_for: Optional[Status] = None
+        try:
+            proc.stdin.write(_payload(backend, device, config, str(result_path)))
+            proc.stdin.close()
+            watched = psutil.Process(proc.pid)
+            deadline = time.monotonic() + config.timeout_s
+            while proc.poll() is None:
+                if time.monotonic() > deadline:
+                    killed_for = Status.TIMEOUT
+                elif config.max_memory_mb and _tree_rss_mb(watched) > config.max_memory_mb:
+                    killed_for = Status.OOM
+                if killed_for:
+                    _kill_group(proc)
+                    break
+                time.sleep(POLL_S)
+        except BrokenPipeError:
+            pass  # the child died before reading its payload: reported below from its log
+        finally:
+            if proc.poll() is None:  # interrupted: leave no child behind
+                _kill_group(proc)
+            else:  # anything the child left running in its group (compile workers) goes too
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        data = json.loads(result_path.read_text()) if result_path.exists() else None
+        tail = _log_tail(log_path)
+    _fill(result, data, proc.returncode, killed_for, tail, config)
+
+
+def _log_tail(path: Path) -> Optional[str]:
+    try:
+        lines = path.read_text(errors="replace").rstrip().splitlines()
+    except OSError:
+        return None
+    return "\n".join(lines[-LOG_TAIL_LINES:]) or None
+
+
+def _fill(result: CellResult, data: Optional[dict], returncode: int, killed_for: Optional[Status],
+          log_tail: Optional[str], config: RunConfig) -> None:
+    """Merge the child's JSON (maybe partial) with how the child ended."""
+    if data:
+        samples = data.pop("step_samples", None)
+        if samples:
+            result.step_s = StepStats.from_samples(samples)
+        data.pop("final_loss", None)
+        for key, value in data.items():
+            if key == "status":
+                result.status = Status(value)
+            elif key == "parity" and value is not None:
+                result.parity = Parity(**value)
+            elif hasattr(result, key):
+                setattr(result, key, value)
+    finished = data is not None and (data.get("parity") is not None or data.get("status") != Status.OK.value)
+    if killed_for is Status.TIMEOUT:
+        result.status = Status.TIMEOUT
+        where = "in the parity check, after timing" if data else "before any figure was taken"
+        result.error = f"timed out after {config.timeout_s:g} s ({where}); the child's process group was killed"
+        result.error_tail = log_tail
+    elif killed_for is Status.OOM:
+        result.status = Status.OOM
+        result.error = f"the cell's processes exceeded --max-memory {config.max_memory_mb} MB RSS and were killed"
+        result.error_tail = log_tail
+    elif returncode != 0 or not finished:
+        result.status = Status.CRASHED
+        if returncode < 0:
+            name = signal.Signals(-returncode).name
+            hint = " (the kernel's OOM killer sends SIGKILL)" if -returncode == signal.SIGKILL else ""
+            result.error = f"the child was killed by {name}{hint}"
+        else:
+            result.error = f"the child exited with code {returncode} without a result"
+        if data:
+            result.error += " during the parity check, after timing"
+        result.error_tail = log_tail

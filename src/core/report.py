@@ -1,0 +1,200 @@
+"""Markdown and JSON renderings of a ``RunReport``.
+
+Backend names, descriptions, warnings and errors come from third-party code,
+so every table cell is escaped (no ``|``, newline, backtick or HTML can
+break or inject into the table) and tracebacks go in fences longer than any
+backtick run they contain.
+"""
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+from typing import Any, Optional
+
+from tabulate import tabulate
+
+from cnncompare.core.results import CellResult, RunReport, Status
+
+
+def md_cell(value: Any) -> str:
+    """One markdown table cell's text, safe whatever the input."""
+    text = html.escape(str(value), quote=False)
+    text = re.sub(r"\s*[\r\n]+\s*", " ", text)
+    return text.replace("|", "\\|").replace("`", "\\`").replace("*", "\\*")
+
+
+def md_code(text: str) -> str:
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}text\n{text}\n{fence}"
+
+
+def _num(value: Optional[float], digits: int = 3) -> str:
+    if value is None:
+        return "–"
+    if value == 0:
+        return "0"
+    if abs(value) >= 10 ** digits:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}g}"
+
+
+def _parity_cell(r: CellResult) -> str:
+    p = r.parity
+    if p is None:
+        return "–"
+    verdict = "pass" if p.passed else "FAIL"
+    return f"{verdict} ({p.max_rel_error:.1e})"
+
+
+def _sorted(results: list[CellResult]) -> list[CellResult]:
+    """ok rows fastest first, then the rest in run order."""
+    ok = sorted((r for r in results if r.status == Status.OK and r.step_s), key=lambda r: r.step_s.median)
+    return ok + [r for r in results if r not in ok]
+
+
+def _device_table(results: list[CellResult]) -> str:
+    cuda = any(r.cuda_peak_allocated_mb is not None for r in results)
+    headers = ["backend", "status", "step median (s)", "IQR (s)", "images/s", "speedup vs eager",
+               "compile (s)", "first step (s)", "break-even (steps)", "peak RSS (MB)"]
+    if cuda:
+        headers += ["CUDA peak alloc (MB)", "CUDA peak reserved (MB)"]
+    headers.append("parity (max rel. err)")
+    rows = []
+    for r in _sorted(results):
+        s = r.step_s
+        row = [
+            md_cell(r.backend),
+            md_cell(r.status.value),
+            _num(s.median if s else None),
+            _num(s.iqr if s else None, 2),
+            _num(r.images_per_s),
+            f"{r.speedup_vs_eager:.2f}x" if r.speedup_vs_eager is not None else "–",
+            _num(r.compile_s),
+            _num(r.first_step_s),
+            str(r.break_even_steps) if r.break_even_steps is not None else "–",
+            _num(r.peak_rss_mb, 4),
+        ]
+        if cuda:
+            row += [_num(r.cuda_peak_allocated_mb, 4), _num(r.cuda_peak_reserved_mb, 4)]
+        row.append(_parity_cell(r))
+        rows.append(row)
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def _summary_line(device: str, results: list[CellResult]) -> str:
+    ok = [r for r in results if r.status == Status.OK and r.step_s]
+    eager = next((r for r in ok if r.backend == "eager"), None)
+    if not ok:
+        return f"- **{md_cell(device)}**: no backend finished `ok`."
+    best = min(ok, key=lambda r: r.step_s.median)
+    text = f"- **{md_cell(device)}**: fastest is **{md_cell(best.backend)}** at {best.step_s.median:.4g} s/step"
+    if eager is None:
+        return text + " (no eager row, so no speedup)."
+    if best is eager:
+        return text + ": no backend beat eager here; eager is the pick."
+    text += f", {best.speedup_vs_eager:.2f}x eager"
+    if best.break_even_steps is not None:
+        text += f"; its one-off compile cost is repaid after {best.break_even_steps} training steps"
+    if best.step_s.relative_spread > 0.1 or eager.step_s.relative_spread > 0.1:
+        text += " (spread above 10 % of the median: a noisy machine, rerun before trusting small differences)"
+    return text + "."
+
+
+def _environment_table(env: dict) -> str:
+    rows = []
+    for key, value in env.items():
+        if key == "gpus":
+            value = "; ".join(f"{g['device']}: {g['name']} ({g['memory_gb']} GB, sm {g['capability']})" for g in value) or "none"
+        rows.append([md_cell(key), md_cell("–" if value is None else value)])
+    return tabulate(rows, headers=["", ""], tablefmt="github", disable_numparse=True)
+
+
+def _config_table(config: dict) -> str:
+    rows = [[md_cell(k), md_cell(", ".join(v) if isinstance(v, list) else ("–" if v is None else v))] for k, v in config.items()]
+    return tabulate(rows, headers=["option", "value"], tablefmt="github", disable_numparse=True)
+
+
+HOW_TO_READ = """\
+- **step median / IQR**: seconds per training step (forward, NLLLoss, zero_grad, backward, Adam)
+  over the measured steps after warm-up; IQR = third minus first quartile. CPU steps are timed with
+  `perf_counter`, CUDA steps with events, so no queued GPU work escapes the timed region.
+- **speedup vs eager**: eager's median ÷ this backend's median on the same device; >1 is faster.
+  Only `ok` rows get one.
+- **compile**: wall time of the backend's `compile` call. **first step**: the first training step,
+  which includes lazy compilation (`torch.compile` compiles here, forward and backward). Caches are
+  cold: each cell runs in a fresh process with a fresh inductor cache directory.
+- **break-even**: training steps until the backend's extra one-off cost (compile + first step,
+  beyond eager's) is repaid by its saving per step; – when it is not faster.
+- **peak RSS**: the cell's process, compile and first step included (the per-phase split is in the JSON).
+- **parity**: the backend's first training step (loss, every gradient, every updated weight)
+  against a float64 eager reference. A tensor passes when its RMSE is at most 3 × fp32 eager's own
+  RMSE plus the backend's tolerance; the figure shown is the largest norm-relative error over loss,
+  gradients and weights.
+"""
+
+
+def render_markdown(report: RunReport, charts: Optional[list[str]] = None) -> str:
+    report.to_dict()  # fills the derived figures
+    env, config = report.environment, report.config
+    out = ["# cnncompare report", ""]
+    status = "**interrupted**: this run was stopped before every cell finished. " if report.interrupted else ""
+    out.append(
+        f"{status}Measured {md_cell(report.started_at or env.get('date', ''))} with cnncompare {md_cell(env.get('cnncompare'))}, "
+        f"torch {md_cell(env.get('torch'))}, on {md_cell(env.get('cpu'))} ({env.get('threads')} threads). "
+        f"Batch {config['batch_size']} × {config.get('in_channels', 3)} × {config['image_size']} × {config['image_size']}, "
+        f"{config['warmup']} warm-up + {config['steps']} measured steps per cell."
+    )
+    out += ["", "## Summary", ""]
+    devices = report.devices()
+    for device in devices:
+        out.append(_summary_line(device, [r for r in report.results if r.device == device]))
+    if not devices:
+        out.append("No cell finished.")
+    for device in devices:
+        out += ["", f"## {md_cell(device)}", "", _device_table([r for r in report.results if r.device == device])]
+    out += ["", "## How to read this", "", HOW_TO_READ.rstrip()]
+    out += ["", "## Environment", "", _environment_table(env)]
+    out += ["", "## Configuration", "", _config_table(config)]
+    notes = _notes(report)
+    if notes:
+        out += ["", "## Notes", ""] + notes
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _notes(report: RunReport) -> list[str]:
+    out: list[str] = [f"- {md_cell(n)}" for n in report.notes]
+    for p in report.plugins:
+        if p.get("error"):
+            out.append(f"- plugin **{md_cell(p['name'])}** was not loaded: {md_cell(p['error'])}")
+    for r in report.results:
+        if not (r.error or r.notes):
+            continue
+        out += ["", f"### {md_cell(r.backend)} on {md_cell(r.device)}: {md_cell(r.status.value)}", ""]
+        if r.description:
+            out.append(f"{md_cell(r.description)}.")
+            out.append("")
+        if r.error:
+            out.append(f"- error: {md_cell(r.error)}")
+        for note in r.notes:
+            out.append(f"- {md_cell(note)}")
+        if r.error_tail:
+            out += ["", md_code(r.error_tail)]
+    return out
+
+
+def render_json(report: RunReport) -> str:
+    return json.dumps(_finite(report.to_dict()), indent=2, allow_nan=False) + "\n"
+
+
+def _finite(value: Any) -> Any:
+    """NaN and infinity are not JSON: a figure that is not a number is null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
