@@ -54,7 +54,7 @@ def main() -> int:
         def checkpoint(data: dict) -> None:
             write({**data, "notes": _capture_notes(caught)})
 
-        out = run_cell(backend, config, payload["device"], checkpoint)
+        out = run_cell(backend, config, payload["device"], checkpoint, payload.get("reference_path"))
     write({**out, "notes": _capture_notes(caught)})
     return 0
 
@@ -64,7 +64,14 @@ def _load_backend(payload: dict) -> Any:
         return pickle.loads(payload["backend_pickle"])
     from cnncompare.plugins import load_registry
 
-    return load_registry().get(payload["backend_name"])
+    name = payload["backend_name"]
+    registry = load_registry()
+    if name not in registry.backends:
+        raise LookupError(
+            f"backend {name!r} can't be pickled ({payload['pickle_error']}) and no installed plugin "
+            "registers it in the child; make it picklable or register it through an entry point"
+        )
+    return registry.get(name)
 
 
 if __name__ == "__main__":

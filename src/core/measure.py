@@ -17,6 +17,7 @@ An out-of-memory error in any phase is ``oom``.
 from __future__ import annotations
 
 import math
+import os
 import time
 import traceback
 from dataclasses import asdict
@@ -127,7 +128,8 @@ def _prepare(backend: Any, config: RunConfig, device: torch.device, dtype=torch.
     return model, forward, step, x, y, compile_s
 
 
-def run_cell(backend: Any, config: RunConfig, device_name: str, checkpoint: Callable[[dict], None]) -> dict:
+def run_cell(backend: Any, config: RunConfig, device_name: str, checkpoint: Callable[[dict], None],
+             reference_path: Optional[str] = None) -> dict:
     """Measure ``backend`` on ``device_name``; return the child's share of a CellResult as a dict.
 
     ``checkpoint`` is called with the figures once timing and memory are
@@ -180,7 +182,7 @@ def run_cell(backend: Any, config: RunConfig, device_name: str, checkpoint: Call
 
     phase = "parity"
     try:
-        parity = check_parity(backend, config, device)
+        parity = check_parity(backend, config, device, reference_path)
     except Exception as exc:
         out.update(status=classify(exc, phase).value, **error_fields(exc, phase))
         return out
@@ -216,39 +218,70 @@ def _group_rel_error(state: dict, ref: dict, prefix: str) -> float:
     return num / den if den > 0 else num
 
 
-def check_parity(backend: Any, config: RunConfig, device: torch.device) -> Parity:
+def reference_state(config: RunConfig, device: torch.device, cache_path: Optional[str] = None) -> dict:
+    """The float64 eager first step, and fp32 eager's own error against it, per tensor.
+
+    Every cell on a device is judged against the same reference. It is
+    computed by the first cell that needs it and saved to ``cache_path`` (the
+    run's private temp directory, written atomically), so later cells load it
+    instead of running two more reference steps. Only tensors are saved and
+    they are loaded with ``weights_only=True``.
+    """
+    if cache_path and os.path.exists(cache_path):
+        return torch.load(cache_path, map_location=device, weights_only=True)
+    eager = _first_step_state(None, config, device, torch.float32)
+    if device.type == "mps":  # no float64 on MPS
+        name, ref = "float32 eager (MPS has no float64)", eager
+    else:
+        name, ref = "float64 eager", _first_step_state(None, config, device, torch.float64)
+    data = {
+        "name": name,
+        "ref": ref,
+        "eager_rmse": {k: _rmse(eager[k], r) for k, r in ref.items()},
+        "eager_rel": {p: _group_rel_error(eager, ref, p) for p in _GROUPS},
+    }
+    if cache_path:
+        tmp = f"{cache_path}.{os.getpid()}.tmp"
+        torch.save(data, tmp)
+        os.replace(tmp, cache_path)
+    return data
+
+
+_GROUPS = ("loss", "grad:", "weight:")
+
+
+def check_parity(backend: Any, config: RunConfig, device: torch.device, reference_path: Optional[str] = None) -> Parity:
     """Compare the backend's first step with float64 eager, judged against fp32 eager's own error."""
     tolerance = base.parity_tolerance(backend)
     got = _first_step_state(backend, config, device, torch.float32)
-    eager = _first_step_state(None, config, device, torch.float32)
-    if device.type == "mps":  # no float64 on MPS
-        reference_name, ref = "float32 eager (MPS has no float64)", eager
-    else:
-        reference_name, ref = "float64 eager", _first_step_state(None, config, device, torch.float64)
+    reference = reference_state(config, device, reference_path)
+    ref, eager_rmse = reference["ref"], reference["eager_rmse"]
 
     worst = (0.0, None, 0.0, 0.0)  # (rmse / limit, tensor, rmse, limit)
     detail = None
     for key, r in ref.items():
-        if got[key].shape != r.shape:
-            detail = f"{key} has shape {tuple(got[key].shape)}, expected {tuple(r.shape)}"
+        if key not in got or got[key].shape != r.shape:
+            found = tuple(got[key].shape) if key in got else "missing"
+            detail = f"{key} is {found}, expected shape {tuple(r.shape)}"
             worst = (math.inf, key, math.nan, 0.0)
             break
         rmse = _rmse(got[key], r)
-        limit = PARITY_MULTIPLIER * _rmse(eager[key], r) + tolerance
+        limit = PARITY_MULTIPLIER * eager_rmse[key] + tolerance
         ratio = rmse / limit if math.isfinite(rmse) and math.isfinite(limit) else math.inf
         if ratio > worst[0]:
             worst = (ratio, key, rmse, limit)
     passed = worst[0] <= 1.0
-    if not passed and detail is None:
+    shapes_match = detail is None
+    if not passed and shapes_match:
         detail = (
-            f"{worst[1]}: RMSE {worst[2]:.3g} vs {reference_name} exceeds "
+            f"{worst[1]}: RMSE {worst[2]:.3g} vs {reference['name']} exceeds "
             f"{PARITY_MULTIPLIER:g} x fp32 eager's + {tolerance:g} = {worst[3]:.3g}"
         )
-    rel = {p: _group_rel_error(got, ref, p) for p in ("loss", "grad:", "weight:")}
-    eager_rel = {p: _group_rel_error(eager, ref, p) for p in ("loss", "grad:", "weight:")}
+    rel = {p: _group_rel_error(got, ref, p) if shapes_match else math.nan for p in _GROUPS}
+    eager_rel = reference["eager_rel"]
     return Parity(
         passed=passed,
-        reference=reference_name,
+        reference=reference["name"],
         multiplier=PARITY_MULTIPLIER,
         tolerance=tolerance,
         loss_rel_error=rel["loss"],

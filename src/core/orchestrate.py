@@ -69,14 +69,17 @@ def run_cells(
     """
     done = {(r.backend, r.device) for r in report.results}
     todo = [c for c in cells if (c.backend, c.device.name) not in done]
-    for i, cell in enumerate(todo, 1):
-        backend = registry.get(cell.backend)
-        label = f"[{i}/{len(todo)}] {cell.backend} on {cell.device.name}"
-        progress(f"{label} ...")
-        result = run_cell(backend, registry.origin.get(cell.backend), cell.device, config)
-        report.results.append(result)
-        on_result(report)
-        progress(f"{label}: {summarize(result)}")
+    # Private to this run: the parity reference per device, computed once and shared by its cells.
+    with tempfile.TemporaryDirectory(prefix="cnncompare-run-") as run_dir:
+        for i, cell in enumerate(todo, 1):
+            backend = registry.get(cell.backend)
+            label = f"[{i}/{len(todo)}] {cell.backend} on {cell.device.name}"
+            progress(f"{label} ...")
+            reference = os.path.join(run_dir, f"reference-{cell.device.name.replace(':', '-')}.pt")
+            result = run_cell(backend, registry.origin.get(cell.backend), cell.device, config, reference)
+            report.results.append(result)
+            on_result(report)
+            progress(f"{label}: {summarize(result)}")
 
 
 def summarize(r: CellResult) -> str:
@@ -92,7 +95,8 @@ def summarize(r: CellResult) -> str:
     return text + (f"  [{r.wall_s:.0f} s]" if r.wall_s else "")
 
 
-def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunConfig) -> CellResult:
+def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunConfig,
+             reference_path: Optional[str] = None) -> CellResult:
     """Measure one cell; never raises for a backend's failure (that is a result)."""
     result = CellResult(backend=backend.name, device=slot.name, status=Status.SKIPPED, plugin=plugin,
                         description=base.description(backend))
@@ -106,25 +110,27 @@ def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunC
         result.error = reason
         return result
     start = time.perf_counter()
-    _run_child(backend, slot.name, config, result)
+    _run_child(backend, slot.name, config, result, reference_path)
     result.wall_s = time.perf_counter() - start
     if result.status == Status.FAIL_COMPILE and plugin and result.error:
         result.error = f"plugin {plugin!r}: {result.error}"
     return result
 
 
-def _payload(backend: Any, device: str, config: RunConfig, result_path: str) -> bytes:
+def _payload(backend: Any, device: str, config: RunConfig, result_path: str, reference_path: Optional[str]) -> bytes:
     try:
-        backend_pickle = pickle.dumps(backend)
-    except Exception:  # e.g. holds a lambda: the child finds it again through the plugins
-        backend_pickle = None
+        backend_pickle, pickle_error = pickle.dumps(backend), None
+    except Exception as exc:  # e.g. holds a lambda: the child finds it again through the plugins
+        backend_pickle, pickle_error = None, f"{type(exc).__name__}: {exc}"
     return pickle.dumps({
         "sys_path": list(sys.path),
         "backend_pickle": backend_pickle,
+        "pickle_error": pickle_error,
         "backend_name": backend.name,
         "config": config.to_dict(),
         "device": device,
         "result_path": result_path,
+        "reference_path": reference_path,
     })
 
 
@@ -161,7 +167,7 @@ def _tree_rss_mb(proc: psutil.Process) -> float:
     return total / (1024 * 1024)
 
 
-def _run_child(backend: Any, device: str, config: RunConfig, result: CellResult) -> None:
+def _run_child(backend: Any, device: str, config: RunConfig, result: CellResult, reference_path: Optional[str]) -> None:
     with tempfile.TemporaryDirectory(prefix="cnncompare-cell-") as tmp:
         workdir = Path(tmp)
         result_path = workdir / "result.json"
@@ -174,7 +180,7 @@ def _run_child(backend: Any, device: str, config: RunConfig, result: CellResult)
             )
         killed_for: Optional[Status] = None
         try:
-            proc.stdin.write(_payload(backend, device, config, str(result_path)))
+            proc.stdin.write(_payload(backend, device, config, str(result_path), reference_path))
             proc.stdin.close()
             watched = psutil.Process(proc.pid)
             deadline = time.monotonic() + config.timeout_s

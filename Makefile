@@ -1,0 +1,34 @@
+# The two commands a fresh machine needs (README): `make report` and `make test`.
+# Each builds .venv first if it is missing or stale; nothing else is installed by hand.
+
+PYTHON ?= python3
+VENV   ?= .venv
+# A CPU build of torch lies on this project's machines' disk; an unpinned `torch`
+# would pull a multi-GB CUDA build. Where the system Python already has torch
+# (GPU machines carry 2.11), the venv sees it and nothing is downloaded.
+TORCH  ?= torch==2.13.0
+ARGS   ?= --backends all
+
+BIN := $(VENV)/bin
+
+.PHONY: report test clean-venv
+
+$(BIN)/.installed: pyproject.toml Makefile
+	@if $(PYTHON) -c "import torch" 2>/dev/null; then \
+		echo "using the system's torch: $$($(PYTHON) -c 'import torch; print(torch.__version__)')"; \
+		$(PYTHON) -m venv --system-site-packages $(VENV); \
+	else \
+		$(PYTHON) -m venv $(VENV) && $(BIN)/python -m pip install -q "$(TORCH)"; \
+	fi
+	$(BIN)/python -m pip install -q -e ".[test]"
+	@touch $@
+
+# The main job: every backend on every device at the default (seed) config.
+report: $(BIN)/.installed
+	$(BIN)/cnncompare $(ARGS)
+
+test: $(BIN)/.installed
+	$(BIN)/python -m pytest -q
+
+clean-venv:
+	rm -rf $(VENV)

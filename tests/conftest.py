@@ -1,0 +1,22 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).parent
+# The test backends must import in the measurement child too; it receives sys.path from the parent.
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+
+from cnncompare.core.config import RunConfig  # noqa: E402
+
+#: The tiny workload every end-to-end test runs (8x8 images, batch 4).
+TINY = dict(batch_size=4, image_size=8, steps=5, warmup=1, threads=1)
+
+
+@pytest.fixture
+def tiny_config():
+    def make(**overrides):
+        return RunConfig(**{**TINY, **overrides})
+
+    return make

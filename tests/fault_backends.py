@@ -1,0 +1,112 @@
+"""Misbehaving backends for the isolation tests (importable, so the child can unpickle them)."""
+import ctypes
+import os
+import time
+
+import torch
+
+import cnncompare
+
+
+class RaiseInCompile:
+    name = "raise-compile"
+
+    def compile(self, model, example, device):
+        raise RuntimeError("deliberate failure in compile")
+
+
+class RaiseAtThirdStep:
+    name = "raise-step3"
+
+    def compile(self, model, example, device):
+        calls = {"n": 0}
+
+        def forward(x):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise RuntimeError("deliberate failure in step 3")
+            return model(x)
+
+        return forward
+
+
+class Hang:
+    name = "hang"
+
+    def compile(self, model, example, device):
+        pid_file = os.environ.get("CNNCOMPARE_TEST_PID_FILE")
+        if pid_file:
+            with open(pid_file, "w") as f:
+                f.write(str(os.getpid()))
+        time.sleep(3600)
+
+
+class Abort:
+    name = "abort"
+
+    def compile(self, model, example, device):
+        os.abort()
+
+
+class Segfault:
+    name = "segfault"
+
+    def compile(self, model, example, device):
+        ctypes.string_at(0)
+
+
+class NanLoss:
+    name = "nan-loss"
+
+    def compile(self, model, example, device):
+        return lambda x: model(x) * float("nan")
+
+
+class WrongNumbers:
+    """Trains the right parameters but computes a slightly different function."""
+
+    name = "wrong-numbers"
+
+    def compile(self, model, example, device):
+        return lambda x: model(x) * 1.01
+
+
+class MemoryHog:
+    name = "memory-hog"
+
+    def compile(self, model, example, device):
+        blocks = []
+        for _ in range(120):  # stops at ~6 GB so a broken watchdog fails the test, not the machine
+            blocks.append(b"x" * (50 * 1024 * 1024))
+            time.sleep(0.01)
+        time.sleep(3600)
+
+
+class Minimal:
+    """Only the two required members."""
+
+    name = "minimal"
+
+    def compile(self, model, example, device):
+        return model
+
+
+class Unpicklable:
+    """Holds a lambda, so the child must find it again through the plugins."""
+
+    name = "unpicklable"
+
+    def __init__(self):
+        self.wrap = lambda model: model
+
+    def compile(self, model, example, device):
+        return self.wrap(model)
+
+
+ALL = [RaiseInCompile, RaiseAtThirdStep, Hang, Abort, Segfault, NanLoss, WrongNumbers, MemoryHog, Minimal]
+
+
+@cnncompare.hookimpl
+def cnncompare_register_backends(register):
+    for cls in ALL:
+        register(cls())

@@ -1,0 +1,94 @@
+"""Bad input is refused before any work: one line naming the option, exit 2, no traceback."""
+import json
+import os
+
+import pytest
+
+from cnncompare.cli import main
+
+
+def _run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--batch-size", "0"], "--batch-size: must be positive"),
+        (["--batch-size", "-4"], "--batch-size: must be positive"),
+        (["--batch-size", "many"], "--batch-size: expected a whole number"),
+        (["--image-size", "0"], "--image-size: must be positive"),
+        (["--image-size", "2.5"], "--image-size: expected a whole number"),
+        (["--steps", "0"], "--steps: must be positive"),
+        (["--warmup", "-1"], "--warmup: must be at least 0"),
+        (["--seed", "-1"], "--seed: must be at least 0"),
+        (["--threads", "0"], "--threads: must be positive"),
+        (["--timeout", "0"], "--timeout: must be a positive number"),
+        (["--timeout", "soon"], "--timeout: expected a number"),
+        (["--timeout", "inf"], "--timeout: must be a positive number"),
+        (["--max-memory", "10"], "--max-memory: must be at least 64"),
+        (["--backends", "eager,nope"], "--backends: unknown backend 'nope'; known: all, compile, eager, jit-script, jit-trace"),
+        (["--backends", ","], "--backends: no backend given"),
+        (["--devices", "tpu"], "--devices: unknown device 'tpu'"),
+        (["--devices", ""], "--devices: no device given"),
+        (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["--steps"], "--steps: expected one argument"),
+    ],
+)
+def test_bad_values_are_one_line_and_exit_2(capsys, argv, fragment):
+    code, out, err = _run(capsys, *argv)
+    assert code == 2
+    assert out == ""
+    assert err.count("\n") == 1 and err.startswith("cnncompare: error: ")
+    assert fragment in err
+    assert "Traceback" not in err
+
+
+def test_unwritable_outputs_are_refused(capsys, tmp_path):
+    a_dir = tmp_path / "dir"
+    a_dir.mkdir()
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    cases = [
+        (["--output", str(a_dir)], "--output: ", "is a directory"),
+        (["--json", str(a_dir)], "--json: ", "is a directory"),
+        (["--output", str(a_file / "r.md")], "--output: ", "is not a directory"),
+        (["--output", str(tmp_path / "r.md"), "--json", str(tmp_path / "r.md")], "--json: ", "must differ"),
+    ]
+    if os.geteuid() != 0:  # root writes anywhere
+        cases.append((["--output", str(locked / "r.md")], "--output: ", "permission denied"))
+    for argv, option, fragment in cases:
+        code, out, err = _run(capsys, *argv)
+        assert code == 2, argv
+        assert err.startswith(f"cnncompare: error: {option}") and fragment in err, err
+    assert list(a_dir.iterdir()) == []
+
+
+def test_resume_needs_a_real_report(capsys, tmp_path):
+    code, _, err = _run(capsys, "--resume", str(tmp_path / "missing.json"))
+    assert code == 2 and "does not exist" in err
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"schema_version": 1}))
+    code, _, err = _run(capsys, "--resume", str(bad))
+    assert code == 2 and "--resume:" in err and "not a cnncompare JSON report" in err
+
+
+def test_list_shows_backends_plugins_and_devices(capsys):
+    code, out, err = _run(capsys, "--list", "--devices", "cpu,cuda")
+    assert code == 0
+    for name in ("eager", "jit-trace", "jit-script", "compile"):
+        assert name in out
+    assert "cnncompare.backends.torchscript" in out
+    assert "cpu: yes" in out
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.startswith("cnncompare ")

@@ -1,0 +1,84 @@
+"""End to end on the tiny config: the four built-ins, each in its own child process."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from cnncompare.core.devices import DeviceSlot
+from cnncompare.core.orchestrate import plan_cells, run_cells
+from cnncompare.core.results import RunReport, Status
+from cnncompare.plugins import load_registry
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def builtin_report():
+    from cnncompare.core.config import RunConfig
+    from conftest import TINY
+
+    config = RunConfig(backends=("compile", "jit-script", "jit-trace", "eager"), devices=("cpu",), **TINY)
+    registry = load_registry(entry_points=False)
+    report = RunReport(environment={}, config=config.to_dict())
+    snapshots = []
+    run_cells(plan_cells(config, [DeviceSlot("cpu")]), config, registry, report,
+              on_result=lambda rep: snapshots.append(len(rep.results)), progress=lambda line: None)
+    report.to_dict()
+    return report, snapshots
+
+
+def test_every_builtin_is_ok_with_parity_passed(builtin_report):
+    report, _ = builtin_report
+    by_name = {r.backend: r for r in report.results}
+    assert list(by_name) == ["eager", "compile", "jit-script", "jit-trace"]  # eager first: the baseline
+    for r in report.results:
+        assert r.status is Status.OK, (r.backend, r.error, r.error_tail)
+        assert r.parity.passed and r.parity.reference == "float64 eager"
+        # fp32 is not fp64: a real comparison has a non-zero error, within 3x eager's own + tolerance
+        assert 0 < r.parity.grad_rel_error < 1e-3
+        assert r.step_s.n == 5 and len(r.step_s.samples) == 5 and r.step_s.min > 0
+        assert r.compile_s is not None and r.first_step_s > 0
+        assert r.threads == 1
+        assert r.peak_rss_mb >= r.peak_rss_first_step_mb > r.rss_baseline_mb > 50
+        assert r.peak_rss_steady_mb is not None
+        assert r.cuda_peak_allocated_mb is None
+        assert r.speedup_vs_eager > 0
+    assert by_name["eager"].speedup_vs_eager == 1.0
+    assert len(by_name["jit-trace"].warmup_s) == 2  # TorchScript asks for two warm-up steps
+    assert len(by_name["eager"].warmup_s) == 1
+
+
+def test_torchscript_warnings_become_notes(builtin_report):
+    report, _ = builtin_report
+    trace = next(r for r in report.results if r.backend == "jit-trace")
+    assert any("torch.jit.trace" in n and "deprecated" in n for n in trace.notes)
+
+
+def test_results_are_streamed_after_each_cell(builtin_report):
+    _, snapshots = builtin_report
+    assert snapshots == [1, 2, 3, 4]
+
+
+def test_cli_end_to_end(tmp_path):
+    md, js = tmp_path / "out" / "r.md", tmp_path / "out" / "r.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "cnncompare", "--backends", "eager", "--devices", "cpu,cuda",
+         "--batch-size", "4", "--image-size", "8", "--steps", "3", "--warmup", "0", "--threads", "1",
+         "--output", str(md), "--json", str(js)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "[1/" in proc.stderr and "eager on cpu" in proc.stderr
+    assert "# cnncompare report" in proc.stdout
+    data = json.loads(js.read_text())
+    assert data["config"]["batch_size"] == 4 and data["config"]["image_size"] == 8 and data["config"]["steps"] == 3
+    assert data["interrupted"] is False
+    statuses = {(r["device"], r["status"]) for r in data["results"]}
+    assert ("cpu", "ok") in statuses
+    import torch
+
+    if not torch.cuda.is_available():
+        (skipped,) = [r for r in data["results"] if r["device"] == "cuda"]
+        assert skipped["status"] == "skipped" and "no CUDA device" in skipped["error"]
+    assert md.read_text() == proc.stdout.rstrip("\n") + "\n"

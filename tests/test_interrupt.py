@@ -1,0 +1,86 @@
+"""Nothing lost: Ctrl-C / SIGTERM keep finished cells, kill the running child, and --resume continues."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+DRIVER = Path(__file__).parent / "run_cli_with_test_plugins.py"
+TINY_ARGS = ["--devices", "cpu", "--batch-size", "4", "--image-size", "8", "--steps", "3", "--warmup", "0", "--threads", "1"]
+
+
+def _start(tmp_path, backends, *extra, env=None):
+    return subprocess.Popen(
+        [sys.executable, str(DRIVER), "--backends", backends, *TINY_ARGS,
+         "--output", str(tmp_path / "run.md"), "--json", str(tmp_path / "run.json"), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
+    )
+
+
+def _wait_for(predicate, timeout=120):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError("timed out waiting")
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_keeps_finished_cells_and_kills_the_running_child(tmp_path, sig, code):
+    pid_file = tmp_path / "hang.pid"
+    proc = _start(tmp_path, "eager,hang", env={"CNNCOMPARE_TEST_PID_FILE": str(pid_file)})
+    _wait_for(pid_file.exists)  # eager finished, the hanging cell is running
+    child_pid = int(pid_file.read_text())
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert "interrupted" in err and "--resume" in err
+    data = json.loads((tmp_path / "run.json").read_text())
+    assert data["interrupted"] is True
+    assert [(r["backend"], r["status"]) for r in data["results"]] == [("eager", "ok")]
+    assert "**interrupted**" in (tmp_path / "run.md").read_text()
+    assert not psutil.pid_exists(child_pid) or psutil.Process(child_pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_resume_keeps_finished_cells_and_runs_the_rest(tmp_path):
+    first = {"backend": "eager", "wall_s": None}
+    proc = _start(tmp_path, "eager")
+    proc.communicate(timeout=300)
+    assert proc.returncode == 0
+    data = json.loads((tmp_path / "run.json").read_text())
+    first["wall_s"] = data["results"][0]["wall_s"]
+    data["interrupted"] = True  # as an interrupted run would leave it
+    (tmp_path / "run.json").write_text(json.dumps(data))
+
+    proc = subprocess.run(
+        [sys.executable, str(DRIVER), "--backends", "eager,minimal", *TINY_ARGS, "--resume", str(tmp_path / "run.json")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "eager on cpu" not in proc.stderr  # not run again
+    data = json.loads((tmp_path / "run.json").read_text())
+    assert [r["backend"] for r in data["results"]] == ["eager", "minimal"]
+    assert data["results"][0]["wall_s"] == first["wall_s"]
+    assert data["interrupted"] is False
+    assert data["results"][1]["speedup_vs_eager"] is not None
+    assert (tmp_path / "run.md").exists()
+
+
+def test_resume_refuses_a_changed_config(tmp_path):
+    proc = _start(tmp_path, "eager")
+    proc.communicate(timeout=300)
+    changed = TINY_ARGS[:-1] + ["2"]  # --threads 2
+    proc = subprocess.run(
+        [sys.executable, str(DRIVER), "--backends", "eager", *changed, "--resume", str(tmp_path / "run.json")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "--resume: refused" in proc.stderr and "threads 1 -> 2" in proc.stderr

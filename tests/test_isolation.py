@@ -1,0 +1,82 @@
+"""Faults: each misbehaving backend costs its own cell only, with the right status."""
+import signal
+
+import pytest
+
+import fault_backends
+from cnncompare.core.devices import DeviceSlot
+from cnncompare.core.orchestrate import plan_cells, run_cells
+from cnncompare.core.results import RunReport, Status
+from cnncompare.plugins import load_registry
+
+pytestmark = pytest.mark.e2e
+
+FAULTS = ["raise-compile", "raise-step3", "hang", "abort", "segfault", "nan-loss", "wrong-numbers", "memory-hog", "minimal"]
+
+
+@pytest.fixture(scope="module")
+def fault_report():
+    from cnncompare.core.config import RunConfig
+    from conftest import TINY
+
+    config = RunConfig(backends=("eager", *FAULTS), devices=("cpu",), timeout_s=25, max_memory_mb=1500, **TINY)
+    registry = load_registry(extra_plugins=[fault_backends], entry_points=False)
+    report = RunReport(environment={}, config=config.to_dict())
+    run_cells(plan_cells(config, [DeviceSlot("cpu")]), config, registry, report, lambda rep: None, lambda line: None)
+    report.to_dict()
+    return {r.backend: r for r in report.results}
+
+
+@pytest.mark.parametrize("backend, status, fragment", [
+    ("raise-compile", Status.FAIL_COMPILE, "compile: RuntimeError: deliberate failure in compile"),
+    ("raise-step3", Status.FAIL_RUN, "steps: RuntimeError: deliberate failure in step 3"),  # step 1 first, 2 warm-up
+    ("hang", Status.TIMEOUT, "timed out after 25 s"),
+    ("abort", Status.CRASHED, "SIGABRT"),
+    ("segfault", Status.CRASHED, "SIGSEGV"),
+    ("nan-loss", Status.FAIL_ACCURACY, "non-finite loss at step 1"),
+    ("wrong-numbers", Status.FAIL_ACCURACY, "parity: "),
+    ("memory-hog", Status.OOM, "--max-memory 1500 MB"),
+])
+def test_fault_gets_its_status_and_a_one_line_reason(fault_report, backend, status, fragment):
+    r = fault_report[backend]
+    assert r.status is status, (r.error, r.error_tail)
+    assert fragment in r.error
+    assert r.speedup_vs_eager is None
+
+
+def test_plugin_name_is_in_a_compile_failure(fault_report):
+    assert fault_report["raise-compile"].error.startswith("plugin 'fault_backends': ")
+    tail = fault_report["raise-compile"].error_tail
+    assert "fault_backends.py" in tail and tail.endswith("RuntimeError: deliberate failure in compile")
+
+
+def test_wrong_numbers_still_have_timings_and_a_failed_parity(fault_report):
+    r = fault_report["wrong-numbers"]
+    assert r.step_s is not None and r.parity is not None and not r.parity.passed
+    assert r.parity.loss_rel_error > 1e-3
+
+
+def test_other_cells_are_intact(fault_report):
+    for name in ("eager", "minimal"):
+        r = fault_report[name]
+        assert r.status is Status.OK and r.parity.passed, r.error
+        assert r.step_s.n == 5
+    assert fault_report["minimal"].speedup_vs_eager > 0
+
+
+def test_no_child_outlives_its_cell():
+    import psutil
+
+    leftovers = [p for p in psutil.process_iter(["cmdline"]) if "cnncompare.core.child" in " ".join(p.info["cmdline"] or [])]
+    assert leftovers == []
+
+
+def test_unpicklable_backend_is_found_again_through_the_plugins(tiny_config):
+    from cnncompare.core.orchestrate import run_cell
+
+    # The child reloads plugins from entry points, where this in-process one does not exist:
+    # the cell must fail cleanly, naming the problem, not hang or crash the run.
+    backend = fault_backends.Unpicklable()
+    r = run_cell(backend, "test", DeviceSlot("cpu"), tiny_config(backends=("unpicklable",)))
+    assert r.status is Status.FAIL_COMPILE
+    assert "'unpicklable' can't be pickled" in r.error and "lambda" in r.error

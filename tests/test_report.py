@@ -1,0 +1,74 @@
+import json
+
+from cnncompare.core.report import md_cell, md_code, render_json, render_markdown
+from cnncompare.core.results import CellResult, Parity, RunReport, Status, StepStats
+
+ENV = {"date": "2026-01-01T00:00:00+00:00", "cnncompare": "0.1.0", "torch": "2.13.0", "cpu": "Test CPU",
+       "threads": 2, "gpus": []}
+CONFIG = {"batch_size": 4, "image_size": 8, "in_channels": 3, "steps": 5, "warmup": 1, "backends": ["eager"]}
+
+
+def _parity(passed=True):
+    return Parity(passed=passed, reference="float64 eager", multiplier=3.0, tolerance=1e-5,
+                  loss_rel_error=1e-7, grad_rel_error=2e-7, weight_rel_error=3e-4, eager_loss_rel_error=1e-7,
+                  eager_grad_rel_error=2e-7, eager_weight_rel_error=3e-4)
+
+
+def _report(*results):
+    return RunReport(environment=dict(ENV), config=dict(CONFIG), results=list(results))
+
+
+def test_tables_rank_ok_rows_and_show_derived_figures():
+    eager = CellResult("eager", "cpu", Status.OK, compile_s=0.0, first_step_s=1.0,
+                       step_s=StepStats.from_samples([1.0, 1.0, 1.0]), parity=_parity())
+    fast = CellResult("fast", "cpu", Status.OK, compile_s=2.0, first_step_s=5.0,
+                      step_s=StepStats.from_samples([0.5, 0.5, 0.5]), parity=_parity())
+    broken = CellResult("broken", "cpu", Status.FAIL_COMPILE, error="compile: RuntimeError: nope",
+                        error_tail="Traceback ...\nRuntimeError: nope")
+    md = render_markdown(_report(eager, broken, fast))
+    table = md.split("## cpu")[1].split("##")[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ")][1:]
+    assert [r.split("|")[1].strip() for r in rows] == ["fast", "eager", "broken"]
+    assert "2.00x" in rows[0] and "pass (3.0e-04)" in rows[0]
+    assert "fastest is **fast**" in md and "2.00x eager" in md
+    assert "### broken on cpu: fail\\_compile" in md or "### broken on cpu: fail_compile" in md
+    assert "RuntimeError: nope" in md
+
+
+def test_markdown_is_safe_from_what_plugins_print():
+    evil = "ev|il\nname `x` <script>alert(1)</script>"
+    r = CellResult(evil, "cpu", Status.FAIL_RUN, description="desc | with pipe", error=evil,
+                   error_tail="``` closing fence\n<b>bold</b>", notes=["note | pipe\nnewline"])
+    md = render_markdown(_report(r))
+    assert "<script>" not in md
+    assert "ev\\|il name \\`x\\` &lt;script&gt;" in md
+    for line in md.splitlines():
+        if line.startswith("| ev"):
+            assert line.count("|") - line.count("\\|") == 12  # 11 columns, no extra cell
+    assert "````text\n``` closing fence" in md  # the fence outgrows the backticks inside
+
+
+def test_md_helpers():
+    assert md_cell("a|b\r\nc") == "a\\|b c"
+    assert md_code("plain").startswith("```text\n")
+
+
+def test_json_has_the_documented_keys_and_no_nan():
+    r = CellResult("eager", "cpu", Status.OK, compile_s=0.0, first_step_s=1.0,
+                   step_s=StepStats.from_samples([1.0, 2.0]), parity=_parity())
+    r.parity.worst_rmse = float("nan")
+    data = json.loads(render_json(_report(r)))
+    assert {"environment", "config", "results", "interrupted", "schema_version"} <= set(data)
+    row = data["results"][0]
+    for key in ("backend", "device", "status", "compile_s", "first_step_s", "step_s", "images_per_s",
+                "speedup_vs_eager", "break_even_steps", "peak_rss_mb", "cuda_peak_allocated_mb",
+                "cuda_peak_reserved_mb", "parity", "error"):
+        assert key in row
+    assert set(row["step_s"]) >= {"median", "q1", "q3", "min", "max", "n", "samples"}
+    assert row["parity"]["passed"] is True and row["parity"]["worst_rmse"] is None
+
+
+def test_interrupted_report_says_so():
+    rep = _report()
+    rep.interrupted = True
+    assert "**interrupted**" in render_markdown(rep)

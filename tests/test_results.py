@@ -1,0 +1,69 @@
+import math
+
+import pytest
+
+from cnncompare.core.results import CellResult, RunReport, Status, StepStats, derive
+
+
+def test_step_stats_keep_samples_and_derive_quartiles():
+    samples = [5.0, 1.0, 3.0, 2.0, 4.0]
+    s = StepStats.from_samples(samples)
+    assert s.samples == samples  # run order kept, not sorted
+    assert (s.median, s.q1, s.q3, s.min, s.max, s.n) == (3.0, 2.0, 4.0, 1.0, 5.0, 5)
+    assert s.iqr == 2.0
+    assert s.relative_spread == pytest.approx(2 / 3)
+
+
+def test_step_stats_even_count_and_single_sample():
+    s = StepStats.from_samples([1.0, 2.0, 3.0, 4.0])
+    assert s.median == 2.5
+    assert (s.q1, s.q3) == (1.75, 3.25)
+    one = StepStats.from_samples([0.5])
+    assert (one.median, one.q1, one.q3, one.n) == (0.5, 0.5, 0.5, 1)
+    with pytest.raises(ValueError):
+        StepStats.from_samples([])
+
+
+def _cell(backend, median, compile_s=0.0, first=None, status=Status.OK, device="cpu"):
+    return CellResult(
+        backend=backend, device=device, status=status, compile_s=compile_s,
+        first_step_s=median if first is None else first, step_s=StepStats.from_samples([median] * 3),
+    )
+
+
+def test_speedup_is_eager_over_backend_and_break_even_counts_steps():
+    eager = _cell("eager", 1.0, compile_s=0.0, first=1.2)
+    fast = _cell("fast", 0.5, compile_s=10.0, first=20.0)  # one-off 10 + 19.5, eager's 0.2
+    slow = _cell("slow", 2.0, compile_s=1.0)
+    derive([eager, fast, slow], batch_size=128)
+    assert fast.speedup_vs_eager == 2.0
+    assert slow.speedup_vs_eager == 0.5  # slower shows below 1, never clipped
+    assert fast.break_even_steps == math.ceil((10.0 + 19.5 - 0.2) / 0.5)
+    assert slow.break_even_steps is None
+    assert eager.speedup_vs_eager == 1.0 and eager.break_even_steps is None
+    assert fast.images_per_s == 256.0
+
+
+def test_cheaper_and_faster_breaks_even_at_once():
+    eager = _cell("eager", 1.0, compile_s=0.5)
+    fast = _cell("fast", 0.9, compile_s=0.0)
+    derive([eager, fast], batch_size=1)
+    assert fast.break_even_steps == 0
+
+
+def test_no_speedup_without_ok_eager_on_the_same_device_or_for_failed_rows():
+    eager_gpu = _cell("eager", 1.0, device="cuda:0")
+    other = _cell("fast", 0.5, device="cpu")
+    wrong = _cell("wrong", 0.1, status=Status.FAIL_ACCURACY, device="cuda:0")
+    derive([eager_gpu, other, wrong], batch_size=4)
+    assert other.speedup_vs_eager is None
+    assert wrong.speedup_vs_eager is None and wrong.images_per_s == 40.0
+
+
+def test_report_json_round_trip():
+    report = RunReport(environment={"torch": "x"}, config={"batch_size": 2}, results=[_cell("eager", 1.0)])
+    again = RunReport.from_dict(report.to_dict())
+    assert again.results[0].step_s == report.results[0].step_s
+    assert again.results[0].status is Status.OK
+    with pytest.raises(ValueError, match="schema_version"):
+        RunReport.from_dict({**report.to_dict(), "schema_version": 99})
