@@ -13,17 +13,18 @@ BIN := $(VENV)/bin
 
 .PHONY: report test clean-venv
 
-$(BIN)/.installed: pyproject.toml Makefile
+$(BIN)/.installed: pyproject.toml plugins/cnncompare-amp/pyproject.toml Makefile
 	@if $(PYTHON) -c "import torch" 2>/dev/null; then \
 		echo "using the system's torch: $$($(PYTHON) -c 'import torch; print(torch.__version__)')"; \
 		$(PYTHON) -m venv --system-site-packages $(VENV); \
 	else \
 		$(PYTHON) -m venv $(VENV) && $(BIN)/python -m pip install -q "$(TORCH)"; \
 	fi
-	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/python -m pip install -q -e ".[test]" -e plugins/cnncompare-amp
 	@touch $@
 
-# The main job: every backend on every device at the default (seed) config.
+# The main job: every backend on every device at the default (seed) config,
+# with the worked-example plugin (plugins/cnncompare-amp) installed.
 report: $(BIN)/.installed
 	$(BIN)/cnncompare $(ARGS)
 

@@ -60,10 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="cnncompare",
         description="Compare PyTorch compilation backends on one CNN training step: "
         "time, compile cost, memory and correctness, each cell in its own process.",
-        epilog="Exit codes: 0 every requested cell has a row (failed cells are results), "
+        epilog="Other commands: 'cnncompare plugins' lists loaded plugins. "
+        "Exit codes: 0 every requested cell has a row (failed cells are results), "
         "1 the harness failed, 2 usage error, 130/143 interrupted (finished cells kept).",
     )
-    p.add_argument("--backends", default="all", help="'all' (every registered backend) or a comma list (default: all)")
+    p.add_argument("--backends", default="all",
+                   help="'all' (the curated set), or a comma list of names and patterns, e.g. all,dynamo:* (default: all)")
     p.add_argument("--devices", default="all", help="'all' (cpu + every CUDA GPU + mps), or a comma list of cpu, cuda, cuda:N, mps (default: all)")
     p.add_argument("--batch-size", type=_int_arg("--batch-size", 1), default=128, help="images per step (default: 128)")
     p.add_argument("--image-size", type=_int_arg("--image-size", 1), default=28, help="square image side in pixels (default: 28)")
@@ -92,6 +94,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
+    if argv[:1] == ["plugins"]:
+        return plugins_command(argv[1:])
     args = build_parser().parse_args(argv)
 
     from cnncompare.core import devices as devmod
@@ -131,19 +135,40 @@ def _main(argv: list[str]) -> int:
 
 
 def _select_backends(spec: str, registry) -> list[str]:
+    """``all`` is every backend whose ``in_all`` is true; other items are names or globs (``dynamo:*``)."""
+    from fnmatch import fnmatchcase
+
+    from cnncompare.backends import base
+
     names = [part.strip() for part in spec.split(",") if part.strip()]
     if not names:
         raise UsageError("--backends: no backend given")
     chosen: list[str] = []
-    for name in names:
-        expanded = list(registry.backends) if name == "all" else [name]
-        for item in expanded:
-            if item not in registry.backends:
-                known = ", ".join(sorted(registry.backends))
-                raise UsageError(f"--backends: unknown backend {item!r}; known: all, {known}")
-            if item not in chosen:
-                chosen.append(item)
+    for item in names:
+        if item == "all":
+            expanded = [n for n, b in registry.backends.items() if base.in_all(b)]
+        else:
+            expanded = [n for n in registry.backends if fnmatchcase(n, item)]
+        if not expanded:
+            raise UsageError(f"--backends: unknown backend {item!r}; {_known_backends(registry)}")
+        chosen += [n for n in expanded if n not in chosen]
     return chosen
+
+
+def _known_backends(registry) -> str:
+    """'known: all, a, b; outside all: dynamo:* (13)' (every curated name, the rest by prefix)."""
+    from collections import Counter
+
+    from cnncompare.backends import base
+
+    curated = [n for n, b in registry.backends.items() if base.in_all(b)]
+    groups = Counter(n.split(":", 1)[0] + ":*" if ":" in n else n
+                     for n, b in registry.backends.items() if not base.in_all(b))
+    text = "known: " + ", ".join(["all", *curated])
+    if groups:
+        text += "; outside all: " + ", ".join(f"{g} ({c})" if c > 1 else g for g, c in groups.items())
+        text += " (cnncompare --list shows every name)"
+    return text
 
 
 def _check_writable(option: str, path: Path) -> Path:
@@ -272,9 +297,37 @@ def render_backend_list(registry, slots) -> str:
         for slot in slots:
             reason = slot.unavailable or base.unavailable_reason(backend, torch.device(slot.name))
             availability.append(f"{slot.name}: {'yes' if not reason else 'no (' + reason + ')'}")
-        rows.append([name, registry.origin[name], base.description(backend), "; ".join(availability)])
-    text = tabulate(rows, headers=["backend", "plugin", "description", "devices"], tablefmt="simple")
+        in_all = "yes" if base.in_all(backend) else "no"
+        rows.append([name, registry.origin[name], in_all, base.description(backend), "; ".join(availability)])
+    text = tabulate(rows, headers=["backend", "plugin", "in all", "description", "devices"], tablefmt="simple")
     broken = [f"  {p.name}: {p.error}" for p in registry.broken]
     if broken:
         text += "\n\nplugins not loaded:\n" + "\n".join(broken)
     return text
+
+
+def plugins_command(argv: list[str]) -> int:
+    """``cnncompare plugins``: every plugin, its distribution, hooks and backends; broken ones with their error."""
+    p = _Parser(prog="cnncompare plugins", description="List loaded plugins (built-in and external) and broken ones.")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = p.parse_args(argv)
+    from tabulate import tabulate
+
+    from cnncompare.plugins import PluginError, load_registry
+
+    try:
+        registry = load_registry()
+    except PluginError as exc:
+        raise UsageError(str(exc)) from None
+    if args.json:
+        print(json.dumps([vars(info) for info in registry.plugins], indent=2))
+        return EXIT_OK
+    rows = []
+    for info in registry.plugins:
+        dist = f"{info.distribution} {info.version}" if info.distribution else "–"
+        what = f"BROKEN: {info.error}" if info.error else ", ".join(info.backends) or "(no backends)"
+        rows.append([info.name, info.source, dist, ", ".join(info.hooks) or "–", what])
+    print(tabulate(rows, headers=["plugin", "source", "distribution", "hooks", "backends"], tablefmt="simple"))
+    for warning in registry.warnings:
+        print(f"warning: {warning}")
+    return EXIT_OK

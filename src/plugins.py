@@ -19,7 +19,7 @@ from typing import Any, Iterable, Optional
 
 import pluggy
 
-from cnncompare import PROJECT_NAME, hookspecs
+from cnncompare import PROJECT_NAME, __version__, hookspecs
 from cnncompare.backends import BUILTIN_PLUGINS
 
 ENV_PLUGINS = "CNNCOMPARE_PLUGINS"
@@ -94,7 +94,8 @@ def load_registry(extra_plugins: Iterable[Any] = (), entry_points: bool = True) 
 
     for modname in BUILTIN_PLUGINS:
         # A built-in that fails to import is our bug: let it raise.
-        candidates.append((importlib.import_module(modname), PluginInfo(name=modname, source="builtin")))
+        info = PluginInfo(name=modname, source="builtin", distribution=PROJECT_NAME, version=__version__)
+        candidates.append((importlib.import_module(modname), info))
 
     if entry_points:
         wanted = selected_entry_point_names(os.environ.get(ENV_PLUGINS))

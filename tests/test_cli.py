@@ -29,7 +29,7 @@ def _run(capsys, *argv):
         (["--timeout", "soon"], "--timeout: expected a number"),
         (["--timeout", "inf"], "--timeout: must be a positive number"),
         (["--max-memory", "10"], "--max-memory: must be at least 64"),
-        (["--backends", "eager,nope"], "--backends: unknown backend 'nope'; known: all, compile, eager, jit-script, jit-trace"),
+        (["--backends", "eager,nope"], "--backends: unknown backend 'nope'; known: all, eager, jit-trace, jit-script, compile; outside all: dynamo:* ("),
         (["--backends", ","], "--backends: no backend given"),
         (["--devices", "tpu"], "--devices: unknown device 'tpu'"),
         (["--devices", ""], "--devices: no device given"),
@@ -92,3 +92,27 @@ def test_version(capsys):
         main(["--version"])
     assert info.value.code == 0
     assert capsys.readouterr().out.startswith("cnncompare ")
+
+
+def test_backend_patterns_and_all_is_the_curated_set():
+    from cnncompare.cli import _select_backends
+    from cnncompare.plugins import load_registry
+
+    reg = load_registry(entry_points=False)
+    assert _select_backends("all", reg) == ["eager", "jit-trace", "jit-script", "compile"]
+    bridged = _select_backends("dynamo:*", reg)
+    assert "dynamo:aot_eager" in bridged and all(n.startswith("dynamo:") for n in bridged)
+    assert _select_backends("compile,all,dynamo:aot_eager", reg) == ["compile", "eager", "jit-trace", "jit-script", "dynamo:aot_eager"]
+
+
+def test_plugins_command_lists_builtins_with_distribution(capsys):
+    code, out, _ = _run(capsys, "plugins")
+    assert code == 0
+    assert "cnncompare.backends.torchscript" in out and "jit-trace, jit-script" in out
+    import cnncompare
+
+    assert f"cnncompare {cnncompare.__version__}" in out
+    code, out, _ = _run(capsys, "plugins", "--json")
+    assert code == 0 and '"hooks": [\n      "cnncompare_register_backends"' in out
+    code, _, err = _run(capsys, "plugins", "--bogus")
+    assert code == 2 and err.startswith("cnncompare: error: ")

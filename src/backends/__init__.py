@@ -11,4 +11,5 @@ BUILTIN_PLUGINS = (
     "cnncompare.backends.eager",
     "cnncompare.backends.torchscript",
     "cnncompare.backends.inductor",
+    "cnncompare.backends.dynamo_bridge",
 )

@@ -51,6 +51,15 @@ class Backend(Protocol):
         ``step(x, y) -> loss`` (forward, NLLLoss, zero_grad, backward, Adam);
         returns a replacement with the same signature, e.g. the step compiled
         as one function. Its wall time is added to ``compile_s``.
+    ``make_train_step(forward, optimizer, loss_fn) -> callable`` [absent]
+        Replaces the harness's train-step protocol, e.g. to add loss scaling.
+        The result ``step(x, y)`` must do forward, ``loss_fn``, zero_grad,
+        backward and the optimizer step, and return the loss (detached, as a
+        tensor: no ``.item()``, which would synchronise inside the timed loop).
+    ``in_all: bool`` [``True``]
+        Whether ``--backends all`` includes the backend. Bridges that offer
+        many experimental backends set it False; users name them explicitly
+        or with a pattern (``--backends all,dynamo:*``).
     ``parity_tolerance: float`` [``1e-5``]
         Absolute RMSE floor of the parity check: a compared tensor passes
         when its RMSE against a float64 eager reference is at most
@@ -90,3 +99,11 @@ def parity_tolerance(backend: Any) -> float:
 
 def step_compiler(backend: Any) -> Optional[Callable[..., Any]]:
     return getattr(backend, "compile_step", None)
+
+
+def step_maker(backend: Any) -> Optional[Callable[..., Any]]:
+    return getattr(backend, "make_train_step", None)
+
+
+def in_all(backend: Any) -> bool:
+    return bool(getattr(backend, "in_all", True))

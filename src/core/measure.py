@@ -24,6 +24,7 @@ from dataclasses import asdict
 from typing import Any, Callable, Optional
 
 import torch
+from torch import nn
 
 from cnncompare.backends import base
 from cnncompare.core.config import RunConfig
@@ -118,9 +119,10 @@ def _prepare(backend: Any, config: RunConfig, device: torch.device, dtype=torch.
     x, y = make_batch(config, device)
     x = x.to(dtype)
     if backend is None:
-        return model, model, make_train_step(model, make_optimizer(model.parameters(), config)), x, y, 0.0
+        return model, model, make_train_step(model, make_optimizer(model.parameters(), config), nn.NLLLoss()), x, y, 0.0
     forward, compile_s = _timed(lambda: backend.compile(model, x, device), device)
-    step = make_train_step(forward, make_optimizer(trained_parameters(forward, model), config))
+    optimizer = make_optimizer(trained_parameters(forward, model), config)
+    step = (base.step_maker(backend) or make_train_step)(forward, optimizer, nn.NLLLoss())
     compile_step = base.step_compiler(backend)
     if compile_step is not None:
         step, step_s = _timed(lambda: compile_step(step, x, device), device)

@@ -69,13 +69,12 @@ def trained_parameters(compiled: Callable, model: nn.Module) -> list[nn.Paramete
     return [p for p in owner.parameters() if p.requires_grad]
 
 
-def make_train_step(forward: Callable, optimizer: torch.optim.Optimizer) -> Callable:
+def make_train_step(forward: Callable, optimizer: torch.optim.Optimizer, loss_fn: nn.Module) -> Callable:
     """The protocol: forward, NLLLoss, zero_grad, backward, Adam step; returns the loss.
 
     The loss is returned as a tensor: reading it (``.item()``) would
     synchronise the device inside the timed region.
     """
-    loss_fn = nn.NLLLoss()
 
     def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         loss = loss_fn(forward(x), y)

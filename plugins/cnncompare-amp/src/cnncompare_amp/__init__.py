@@ -1,0 +1,110 @@
+"""Mixed-precision backends for cnncompare, through the public plugin contract only.
+
+- ``amp-bf16``: eager under ``torch.autocast(dtype=torch.bfloat16)`` (CPU and CUDA).
+- ``amp-fp16``: eager under ``torch.autocast(dtype=torch.float16)`` with a
+  ``torch.amp.GradScaler`` (CUDA only: fp16 gradients underflow without loss scaling,
+  and the scaler is a CUDA feature).
+- ``compile-amp-bf16`` / ``compile-amp-fp16``: the same around ``torch.compile(model)``.
+
+Parity: autocast runs matmuls and convolutions in 16 bits (8 significant bits
+for bf16, 11 for fp16), so a first step can't match float64 to fp32's accuracy.
+Each backend states its own absolute RMSE tolerance (``parity_tolerance``).
+Measured on this model with bf16 on a CPU: the worst tensor's RMSE against
+float64 was 1.0e-3 at the seed config (a conv weight gradient, ~12 % of its
+RMS, and the conv biases, whose Adam update of size lr flips sign with the
+noise) and 5.3e-3 at the 8x8, batch-4 test config (BatchNorm statistics over
+4 images). The bf16 tolerance, 1e-2, admits that with a 2x margin; a model
+computing a slightly different function (log-probabilities off by 5 %) moves
+the loss by 0.1 and still fails. fp16 keeps 3 more bits: 5e-3.
+"""
+from __future__ import annotations
+
+import torch
+
+import cnncompare
+
+__version__ = "0.1.0"
+
+#: Absolute RMSE floor per tensor for bf16 (8 significant bits) and fp16 (11).
+BF16_TOLERANCE = 1e-2
+FP16_TOLERANCE = 5e-3
+
+
+class _Autocast:
+    """Runs the model's forward under torch.autocast; the loss and backward stay outside, as AMP recommends."""
+
+    dtype: torch.dtype
+    compiled = False
+
+    def unavailable_reason(self, device):
+        if device.type not in ("cpu", "cuda"):
+            return f"torch.autocast with {self.dtype} is only wired up for cpu and cuda here, not {device.type}"
+        if device.type == "cuda" and self.dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+            return f"{torch.cuda.get_device_name(device)} has no bfloat16 support"
+        return None
+
+    def compile(self, model, example, device):
+        target = torch.compile(model) if self.compiled else model
+        device_type, dtype = device.type, self.dtype
+
+        def forward(x):
+            with torch.autocast(device_type=device_type, dtype=dtype):
+                out = target(x)
+            return out.float()  # the loss in fp32
+
+        # The optimizer must train `model`'s parameters: a plain function makes the
+        # harness take them from `model` (see cnncompare.Backend.compile).
+        return forward
+
+
+class AmpBf16(_Autocast):
+    name = "amp-bf16"
+    dtype = torch.bfloat16
+    parity_tolerance = BF16_TOLERANCE
+    description = f"eager under torch.autocast(bfloat16); parity tolerance {BF16_TOLERANCE:g} RMSE (8 significant bits)"
+
+
+class CompileAmpBf16(AmpBf16):
+    name = "compile-amp-bf16"
+    compiled = True
+    description = f"torch.compile(model) under torch.autocast(bfloat16); parity tolerance {BF16_TOLERANCE:g} RMSE"
+
+
+class AmpFp16(_Autocast):
+    name = "amp-fp16"
+    dtype = torch.float16
+    parity_tolerance = FP16_TOLERANCE
+    description = f"eager under torch.autocast(float16) with a GradScaler; parity tolerance {FP16_TOLERANCE:g} RMSE"
+
+    def unavailable_reason(self, device):
+        if device.type != "cuda":
+            return "fp16 autocast with a GradScaler is CUDA-only (use amp-bf16 on the CPU)"
+        return super().unavailable_reason(device)
+
+    def make_train_step(self, forward, optimizer, loss_fn):
+        """The protocol with loss scaling: scaled backward, unscaled and inf-checked optimizer step."""
+        # init_scale 2**10 rather than 2**16: a first step skipped for overflow would be a
+        # different computation from eager's first step, and parity compares exactly that step.
+        scaler = torch.amp.GradScaler("cuda", init_scale=2.0**10)
+
+        def train_step(x, y):
+            loss = loss_fn(forward(x), y)
+            optimizer.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            return loss.detach()
+
+        return train_step
+
+
+class CompileAmpFp16(AmpFp16):
+    name = "compile-amp-fp16"
+    compiled = True
+    description = f"torch.compile(model) under torch.autocast(float16) with a GradScaler; parity tolerance {FP16_TOLERANCE:g} RMSE"
+
+
+@cnncompare.hookimpl
+def cnncompare_register_backends(register):
+    for backend in (AmpBf16(), CompileAmpBf16(), AmpFp16(), CompileAmpFp16()):
+        register(backend)

@@ -1,0 +1,87 @@
+"""cnncompare-amp through cnncompare's public API: registration, devices, parity, the installed entry point."""
+import json
+import os
+import subprocess
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+import pytest
+import torch
+
+import cnncompare_amp
+from cnncompare.core.config import RunConfig
+from cnncompare.core.devices import DeviceSlot
+from cnncompare.core.orchestrate import run_cell
+from cnncompare.core.results import Status
+from cnncompare.plugins import load_registry
+
+TINY = dict(batch_size=4, image_size=8, steps=3, warmup=1, threads=1)
+
+
+def test_registers_four_backends_in_process():
+    reg = load_registry(extra_plugins=[cnncompare_amp], entry_points=False)
+    names = [n for n, origin in reg.origin.items() if origin == "cnncompare_amp"]
+    assert names == ["amp-bf16", "compile-amp-bf16", "amp-fp16", "compile-amp-fp16"]
+    for name in names:
+        assert "parity tolerance" in reg.get(name).description
+
+
+def test_fp16_is_cuda_only_with_a_reason():
+    assert "CUDA-only" in cnncompare_amp.AmpFp16().unavailable_reason(torch.device("cpu"))
+    assert cnncompare_amp.AmpBf16().unavailable_reason(torch.device("cpu")) is None
+
+
+def test_skipped_cell_says_why():
+    r = run_cell(cnncompare_amp.AmpFp16(), "amp", DeviceSlot("cpu"), RunConfig(**TINY))
+    assert r.status is Status.SKIPPED and "CUDA-only" in r.error
+
+
+def test_bf16_passes_parity_by_its_own_tolerance_and_would_fail_the_default():
+    r = run_cell(cnncompare_amp.AmpBf16(), "amp", DeviceSlot("cpu"), RunConfig(**TINY))
+    assert r.status is Status.OK, (r.error, r.error_tail)
+    assert r.parity.passed and r.parity.tolerance == cnncompare_amp.BF16_TOLERANCE
+    # bf16 really is less accurate than fp32: judged by fp32's rule it would fail
+    assert r.parity.worst_rmse > 3 * 1e-5
+    assert r.parity.grad_rel_error > 10 * r.parity.eager_grad_rel_error
+
+
+class _WrongBf16(cnncompare_amp.AmpBf16):
+    name = "wrong-bf16"
+
+    def compile(self, model, example, device):
+        forward = super().compile(model, example, device)
+        return lambda x: forward(x) * 1.05
+
+
+def test_the_tolerance_still_catches_a_wrong_function():
+    r = run_cell(_WrongBf16(), "amp", DeviceSlot("cpu"), RunConfig(**TINY))
+    assert r.status is Status.FAIL_ACCURACY, r.error
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fp16_with_grad_scaler_on_cuda():
+    r = run_cell(cnncompare_amp.AmpFp16(), "amp", DeviceSlot("cuda:0"), RunConfig(**TINY))
+    assert r.status is Status.OK and r.parity.passed, (r.error, r.error_tail)
+
+
+def _installed():
+    try:
+        return version("cnncompare-amp")
+    except PackageNotFoundError:
+        return None
+
+
+@pytest.mark.skipif(_installed() is None, reason="cnncompare-amp is not installed (pip install -e plugins/cnncompare-amp)")
+def test_installed_entry_point_is_listed_and_can_be_hidden():
+    def plugins(**env):
+        base = {k: v for k, v in os.environ.items() if k != "CNNCOMPARE_PLUGINS"}
+        proc = subprocess.run([sys.executable, "-m", "cnncompare", "plugins", "--json"],
+                              capture_output=True, text=True, env={**base, **env}, check=True)
+        return {p["name"]: p for p in json.loads(proc.stdout)}
+
+    amp = plugins()["amp"]
+    assert (amp["distribution"], amp["version"], amp["source"]) == ("cnncompare-amp", _installed(), "entry point")
+    assert amp["backends"] == ["amp-bf16", "compile-amp-bf16", "amp-fp16", "compile-amp-fp16"]
+    assert "amp" not in plugins(CNNCOMPARE_PLUGINS="")
+    assert "amp" in plugins(CNNCOMPARE_PLUGINS="amp")
