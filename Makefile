@@ -20,7 +20,7 @@ $(BIN)/.installed: pyproject.toml plugins/cnncompare-amp/pyproject.toml Makefile
 	else \
 		$(PYTHON) -m venv $(VENV) && $(BIN)/python -m pip install -q "$(TORCH)"; \
 	fi
-	$(BIN)/python -m pip install -q -e ".[test]" -e plugins/cnncompare-amp
+	$(BIN)/python -m pip install -q -e ".[test,plot]" -e plugins/cnncompare-amp
 	@touch $@
 
 # The main job: every backend on every device at the default (seed) config,

@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="cnncompare",
         description="Compare PyTorch compilation backends on one CNN training step: "
         "time, compile cost, memory and correctness, each cell in its own process.",
-        epilog="Other commands: 'cnncompare plugins' lists loaded plugins. "
+        epilog="Other commands: 'cnncompare plugins' lists loaded plugins; 'cnncompare compare BASE.json NEW.json' "
+        "compares two runs; 'cnncompare report A.json B.json ...' merges runs into one report. "
         "Exit codes: 0 every requested cell has a row (failed cells are results), "
         "1 the harness failed, 2 usage error, 130/143 interrupted (finished cells kept).",
     )
@@ -78,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kill a cell whose processes exceed this RSS, reported as oom (default: no cap)")
     p.add_argument("--output", type=Path, default=None, help="markdown report path (default: reports/cnncompare-<timestamp>.md)")
     p.add_argument("--json", type=Path, default=None, help="JSON report path (default: beside the markdown, .json)")
+    p.add_argument("--csv", type=Path, default=None, help="also write one CSV row per result (JSON key names as headers)")
     p.add_argument("--resume", type=Path, default=None, metavar="PATH.json",
                    help="continue an interrupted run: keep its finished cells, run the rest (same options required)")
     p.add_argument("--list", action="store_true", help="list backends, their plugins and availability per device, then exit")
@@ -94,8 +96,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    if argv[:1] == ["plugins"]:
-        return plugins_command(argv[1:])
+    commands = {"plugins": plugins_command, "compare": compare_command, "report": report_command}
+    if argv and argv[0] in commands:
+        return commands[argv[0]](argv[1:])
     args = build_parser().parse_args(argv)
 
     from cnncompare.core import devices as devmod
@@ -131,7 +134,10 @@ def _main(argv: list[str]) -> int:
         raise UsageError(str(exc)) from None
     resumed = _load_resume(args.resume) if args.resume else None
     md_path, json_path = _output_paths(args)
-    return run(config, registry, devmod.resolve_devices(device_parts), md_path, json_path, resumed)
+    csv_path = _check_writable("--csv", args.csv) if args.csv is not None else None
+    if csv_path is not None and csv_path.resolve() in (md_path.resolve(), json_path.resolve()):
+        raise UsageError("--csv: must differ from the markdown and JSON paths")
+    return run(config, registry, devmod.resolve_devices(device_parts), md_path, json_path, resumed, csv_path)
 
 
 def _select_backends(spec: str, registry) -> list[str]:
@@ -203,15 +209,7 @@ def _output_paths(args: argparse.Namespace) -> tuple[Path, Path]:
 
 
 def _load_resume(path: Path):
-    from cnncompare.core.results import RunReport
-
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return RunReport.from_dict(data)
-    except FileNotFoundError:
-        raise UsageError(f"--resume: {str(path)!r} does not exist") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"--resume: {str(path)!r} is not a cnncompare JSON report ({exc})") from None
+    return _load_report("--resume", path)
 
 
 def _check_resumable(resumed, config, environment: dict) -> None:
@@ -229,11 +227,13 @@ def _check_resumable(resumed, config, environment: dict) -> None:
         raise UsageError("--resume: refused, the run differs from the one being resumed: " + "; ".join(changed))
 
 
-def run(config, registry, slots, md_path: Path, json_path: Path, resumed=None) -> int:
+def run(config, registry, slots, md_path: Path, json_path: Path, resumed=None, csv_path: Optional[Path] = None) -> int:
     from cnncompare.core import environment as envmod
+    from cnncompare.core.charts import write_charts
     from cnncompare.core.fileio import write_atomic
     from cnncompare.core.orchestrate import Interrupted, plan_cells, run_cells
-    from cnncompare.core.report import render_json, render_markdown
+    from cnncompare.core.progress import for_stream
+    from cnncompare.core.report import render_csv, render_json, render_markdown
     from cnncompare.core.results import RunReport
 
     environment = envmod.capture(config.resolved_threads)
@@ -248,19 +248,20 @@ def run(config, registry, slots, md_path: Path, json_path: Path, resumed=None) -
     report.plugins = [vars(p).copy() for p in registry.plugins]
     report.notes.extend(w for w in registry.warnings if w not in report.notes)
 
-    for path in (md_path, json_path):
-        path.parent.mkdir(parents=True, exist_ok=True)
+    for path in (md_path, json_path, csv_path):
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
 
-    def write(rep: RunReport) -> None:
+    def write(rep: RunReport, markdown: Optional[str] = None) -> None:
         write_atomic(json_path, render_json(rep))
-        write_atomic(md_path, render_markdown(rep))
-
-    def progress(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
+        write_atomic(md_path, markdown or render_markdown(rep))
+        if csv_path is not None:
+            write_atomic(csv_path, render_csv(rep))
 
     def on_signal(signum, frame):
         raise Interrupted(signum)
 
+    progress = for_stream(sys.stderr)
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     exit_code = EXIT_OK
     try:
@@ -268,8 +269,8 @@ def run(config, registry, slots, md_path: Path, json_path: Path, resumed=None) -
     except Interrupted as exc:
         report.interrupted = True
         exit_code = exc.exit_code
-        progress(f"cnncompare: interrupted ({exc}); {len(report.results)} finished cells kept. "
-                 f"Continue with --resume {json_path}")
+        progress.message(f"cnncompare: interrupted ({exc}); {len(report.results)} finished cells kept. "
+                         f"Continue with --resume {json_path}")
     except Exception:
         report.interrupted = True
         report.notes.append("the harness failed: " + traceback.format_exc().strip().splitlines()[-1])
@@ -279,10 +280,90 @@ def run(config, registry, slots, md_path: Path, json_path: Path, resumed=None) -
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     report.finished_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    write(report)
-    print(render_markdown(report))
-    progress(f"cnncompare: wrote {md_path} and {json_path}")
+    try:
+        charts = write_charts(report, md_path)
+    except Exception as exc:  # a chart is not worth losing the report for
+        charts = []
+        report.notes.append(f"charts could not be drawn: {type(exc).__name__}: {exc}")
+    markdown = render_markdown(report, charts, final=True)
+    write(report, markdown)
+    print(markdown)
+    written = ", ".join(str(p) for p in (md_path, json_path, csv_path) if p is not None)
+    print(f"cnncompare: wrote {written}" + (f" and {len(charts)} charts" if charts else ""), file=sys.stderr)
     return exit_code
+
+
+def compare_command(argv: list[str]) -> int:
+    """``cnncompare compare BASE.json NEW.json [--fail-above PCT]``: exit 1 when the gate fails."""
+    from cnncompare.core.compare import DEFAULT_ALPHA, compare_runs, regressions, render_comparison
+
+    p = _Parser(prog="cnncompare compare",
+                description="Compare two runs' step times cell by cell (Mann-Whitney U test on the samples).")
+    p.add_argument("base", type=Path, help="the earlier run's JSON report")
+    p.add_argument("new", type=Path, help="the later run's JSON report")
+    p.add_argument("--fail-above", type=_percent_arg, default=None, metavar="PCT",
+                   help="exit 1 when a cell ok in both runs got slower by more than PCT percent (a CI gate)")
+    p.add_argument("--alpha", type=_alpha_arg, default=DEFAULT_ALPHA,
+                   help=f"significance level of the rank test (default: {DEFAULT_ALPHA})")
+    args = p.parse_args(argv)
+    base, new = _load_report("base", args.base), _load_report("new", args.new)
+    cells = compare_runs(base, new)
+    print(render_comparison(base, new, cells, args.alpha, args.fail_above), end="")
+    if args.fail_above is not None and regressions(cells, args.fail_above):
+        return EXIT_HARNESS  # 1: the gate failed
+    return EXIT_OK
+
+
+def report_command(argv: list[str]) -> int:
+    """``cnncompare report A.json B.json ... --output combined.md``: one report from several runs."""
+    from cnncompare.core.fileio import write_atomic
+    from cnncompare.core.report import render_combined
+
+    p = _Parser(prog="cnncompare report", description="Render one markdown report from several runs' JSON reports.")
+    p.add_argument("runs", type=Path, nargs="+", metavar="RUN.json")
+    p.add_argument("--output", type=Path, default=None, help="write the markdown here (default: print it)")
+    args = p.parse_args(argv)
+    output = _check_writable("--output", args.output) if args.output is not None else None
+    reports = [_load_report("RUN.json", path) for path in args.runs]
+    markdown = render_combined(reports)
+    if output is None:
+        print(markdown, end="")
+    else:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(output, markdown)
+        print(f"cnncompare: wrote {output}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _load_report(option: str, path: Path):
+    from cnncompare.core.results import RunReport
+
+    try:
+        return RunReport.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        raise UsageError(f"{option}: {str(path)!r} does not exist") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{option}: {str(path)!r} is not a cnncompare JSON report ({exc})") from None
+
+
+def _percent_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--fail-above: expected a percentage, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"--fail-above: must be a percentage >= 0, got {text}")
+    return value
+
+
+def _alpha_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--alpha: expected a number, got {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"--alpha: must be between 0 and 1, got {text}")
+    return value
 
 
 def render_backend_list(registry, slots) -> str:

@@ -10,11 +10,12 @@ timeout in the parity check keeps the figures.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import sys
 import warnings
 from collections import Counter
-from typing import Any
+from typing import Any, Optional
 
 
 def _capture_notes(caught: list) -> list[str]:
@@ -54,9 +55,24 @@ def main() -> int:
         def checkpoint(data: dict) -> None:
             write({**data, "notes": _capture_notes(caught)})
 
-        out = run_cell(backend, config, payload["device"], checkpoint, payload.get("reference_path"))
+        out = run_cell(backend, config, payload["device"], checkpoint, payload.get("reference_path"),
+                       _phase_reporter(payload.get("progress_fd")))
     write({**out, "notes": _capture_notes(caught)})
     return 0
+
+
+def _phase_reporter(fd: Optional[int]):
+    """Phase lines ("steps 5 20") on the pipe the parent gave us; silent if it is gone."""
+
+    def report(name: str, done: int, total: int) -> None:
+        if fd is None:
+            return
+        try:
+            os.write(fd, f"{name} {done} {total}\n".encode())
+        except OSError:
+            pass
+
+    return report
 
 
 def _load_backend(payload: dict) -> Any:

@@ -55,23 +55,27 @@ def _timed(fn: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
     return value, time.perf_counter() - start
 
 
-def _timed_steps(step: Callable, x, y, n: int, device: torch.device, losses: list) -> list[float]:
+def _timed_steps(step: Callable, x, y, n: int, device: torch.device, losses: list,
+                 tick: Callable[[int], None]) -> list[float]:
     """Per-step seconds. On CUDA, events bracket each step on the stream and one
     synchronize at the end collects them, so host-side timing can't miss queued work
-    and no per-step sync distorts the loop."""
+    and no per-step sync distorts the loop. ``tick(i)`` runs between steps, outside
+    the timed region."""
     if device.type == "cuda":
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-        for start, end in events:
+        for i, (start, end) in enumerate(events, 1):
             start.record()
             losses.append(step(x, y))
             end.record()
+            tick(i)
         torch.cuda.synchronize(device)
         return [start.elapsed_time(end) / 1000.0 for start, end in events]
     samples = []
-    for _ in range(n):
+    for i in range(1, n + 1):
         loss, seconds = _timed(lambda: step(x, y), device)
         losses.append(loss)
         samples.append(seconds)
+        tick(i)
     return samples
 
 
@@ -130,12 +134,18 @@ def _prepare(backend: Any, config: RunConfig, device: torch.device, dtype=torch.
     return model, forward, step, x, y, compile_s
 
 
+def _no_phase(name: str, done: int, total: int) -> None:
+    pass
+
+
 def run_cell(backend: Any, config: RunConfig, device_name: str, checkpoint: Callable[[dict], None],
-             reference_path: Optional[str] = None) -> dict:
+             reference_path: Optional[str] = None,
+             on_phase: Callable[[str, int, int], None] = _no_phase) -> dict:
     """Measure ``backend`` on ``device_name``; return the child's share of a CellResult as a dict.
 
     ``checkpoint`` is called with the figures once timing and memory are
     known, so they survive a crash or timeout in the parity check.
+    ``on_phase(name, done, total)`` reports progress, never inside a timed region.
     """
     device = torch.device(device_name)
     torch.set_num_threads(config.resolved_threads)
@@ -147,11 +157,13 @@ def run_cell(backend: Any, config: RunConfig, device_name: str, checkpoint: Call
     warmup = max(config.warmup, base.min_warmup(backend))
     losses: list[torch.Tensor] = []
     phase = "compile"
+    on_phase(phase, 0, 1)
     try:
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
         model, forward, step, x, y, out["compile_s"] = _prepare(backend, config, device)
         phase = "first_step"
+        on_phase(phase, 0, 1)
         loss, out["first_step_s"] = _timed(lambda: step(x, y), device)
         losses.append(loss)
         out["peak_rss_first_step_mb"] = peak_rss_mb()
@@ -161,9 +173,12 @@ def run_cell(backend: Any, config: RunConfig, device_name: str, checkpoint: Call
             torch.cuda.reset_peak_memory_stats(device)
         steady_peak_known = reset_peak_rss()
         phase = "warmup"
-        out["warmup_s"] = _timed_steps(step, x, y, warmup, device, losses)
+        on_phase(phase, 0, warmup)
+        out["warmup_s"] = _timed_steps(step, x, y, warmup, device, losses, lambda i: on_phase("warmup", i, warmup))
         phase = "steps"
-        out["step_samples"] = _timed_steps(step, x, y, config.steps, device, losses)
+        on_phase(phase, 0, config.steps)
+        out["step_samples"] = _timed_steps(step, x, y, config.steps, device, losses,
+                                           lambda i: on_phase("steps", i, config.steps))
         steady = peak_rss_mb()
         out["peak_rss_steady_mb"] = steady if steady_peak_known else None
         out["peak_rss_mb"] = max(out["peak_rss_first_step_mb"], steady)
@@ -183,6 +198,7 @@ def run_cell(backend: Any, config: RunConfig, device_name: str, checkpoint: Call
     checkpoint(out)
 
     phase = "parity"
+    on_phase(phase, 0, 1)
     try:
         parity = check_parity(backend, config, device, reference_path)
     except Exception as exc:

@@ -26,6 +26,7 @@ import psutil
 from cnncompare.backends import base
 from cnncompare.core.config import RunConfig
 from cnncompare.core.devices import DeviceSlot
+from cnncompare.core.progress import Progress
 from cnncompare.core.results import CellResult, Parity, RunReport, StepStats, Status
 from cnncompare.plugins import Registry
 
@@ -59,7 +60,7 @@ def run_cells(
     registry: Registry,
     report: RunReport,
     on_result: Callable[[RunReport], None],
-    progress: Callable[[str], None],
+    progress: Progress = Progress(),
 ) -> None:
     """Run the cells not already in ``report`` (a resumed run keeps its finished ones).
 
@@ -69,17 +70,22 @@ def run_cells(
     """
     done = {(r.backend, r.device) for r in report.results}
     todo = [c for c in cells if (c.backend, c.device.name) not in done]
-    # Private to this run: the parity reference per device, computed once and shared by its cells.
-    with tempfile.TemporaryDirectory(prefix="cnncompare-run-") as run_dir:
-        for i, cell in enumerate(todo, 1):
-            backend = registry.get(cell.backend)
-            label = f"[{i}/{len(todo)}] {cell.backend} on {cell.device.name}"
-            progress(f"{label} ...")
-            reference = os.path.join(run_dir, f"reference-{cell.device.name.replace(':', '-')}.pt")
-            result = run_cell(backend, registry.origin.get(cell.backend), cell.device, config, reference)
-            report.results.append(result)
-            on_result(report)
-            progress(f"{label}: {summarize(result)}")
+    progress.start_run(len(todo))
+    try:
+        # Private to this run: the parity reference per device, computed once and shared by its cells.
+        with tempfile.TemporaryDirectory(prefix="cnncompare-run-") as run_dir:
+            for i, cell in enumerate(todo, 1):
+                backend = registry.get(cell.backend)
+                label = f"{cell.backend} on {cell.device.name}"
+                progress.start_cell(i, len(todo), label)
+                reference = os.path.join(run_dir, f"reference-{cell.device.name.replace(':', '-')}.pt")
+                result = run_cell(backend, registry.origin.get(cell.backend), cell.device, config, reference,
+                                  progress.phase)
+                report.results.append(result)
+                on_result(report)
+                progress.end_cell(label, summarize(result))
+    finally:
+        progress.end_run()
 
 
 def summarize(r: CellResult) -> str:
@@ -96,7 +102,8 @@ def summarize(r: CellResult) -> str:
 
 
 def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunConfig,
-             reference_path: Optional[str] = None) -> CellResult:
+             reference_path: Optional[str] = None,
+             on_phase: Callable[[str, int, int], None] = Progress().phase) -> CellResult:
     """Measure one cell; never raises for a backend's failure (that is a result)."""
     result = CellResult(backend=backend.name, device=slot.name, status=Status.SKIPPED, plugin=plugin,
                         description=base.description(backend))
@@ -110,14 +117,15 @@ def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunC
         result.error = reason
         return result
     start = time.perf_counter()
-    _run_child(backend, slot.name, config, result, reference_path)
+    _run_child(backend, slot.name, config, result, reference_path, on_phase)
     result.wall_s = time.perf_counter() - start
     if result.status == Status.FAIL_COMPILE and plugin and result.error:
         result.error = f"plugin {plugin!r}: {result.error}"
     return result
 
 
-def _payload(backend: Any, device: str, config: RunConfig, result_path: str, reference_path: Optional[str]) -> bytes:
+def _payload(backend: Any, device: str, config: RunConfig, result_path: str, reference_path: Optional[str],
+             progress_fd: int) -> bytes:
     try:
         backend_pickle, pickle_error = pickle.dumps(backend), None
     except Exception as exc:  # e.g. holds a lambda: the child finds it again through the plugins
@@ -131,6 +139,7 @@ def _payload(backend: Any, device: str, config: RunConfig, result_path: str, ref
         "device": device,
         "result_path": result_path,
         "reference_path": reference_path,
+        "progress_fd": progress_fd,
     })
 
 
@@ -167,24 +176,69 @@ def _tree_rss_mb(proc: psutil.Process) -> float:
     return total / (1024 * 1024)
 
 
-def _run_child(backend: Any, device: str, config: RunConfig, result: CellResult, reference_path: Optional[str]) -> None:
+class _PhaseReader:
+    """Reads the child's "phase done total" lines from a non-blocking pipe.
+
+    The last phase is re-sent about once a second even when the child is
+    silent (a long compile), so displays can show time passing.
+    """
+
+    RESEND_S = 1.0
+
+    def __init__(self, fd: int, on_phase: Callable[[str, int, int], None]):
+        self.fd, self.on_phase, self.buffer = fd, on_phase, b""
+        self.last: Optional[tuple[str, int, int]] = None
+        self.last_sent = time.monotonic()
+        os.set_blocking(fd, False)
+
+    def _send(self, state: tuple[str, int, int]) -> None:
+        self.last, self.last_sent = state, time.monotonic()
+        self.on_phase(*state)
+
+    def poll(self) -> None:
+        try:
+            while chunk := os.read(self.fd, 4096):
+                self.buffer += chunk
+        except BlockingIOError:
+            pass
+        except OSError:
+            return
+        *lines, self.buffer = self.buffer.split(b"\n")
+        sent = False
+        for line in lines:
+            parts = line.decode(errors="replace").split()
+            if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+                self._send((parts[0], int(parts[1]), int(parts[2])))
+                sent = True
+        if not sent and self.last is not None and time.monotonic() - self.last_sent >= self.RESEND_S:
+            self._send(self.last)
+
+
+def _run_child(backend: Any, device: str, config: RunConfig, result: CellResult, reference_path: Optional[str],
+               on_phase: Callable[[str, int, int], None]) -> None:
     with tempfile.TemporaryDirectory(prefix="cnncompare-cell-") as tmp:
         workdir = Path(tmp)
         result_path = workdir / "result.json"
         log_path = workdir / "child.log"
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "cnncompare.core.child"],
-                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                env=_child_env(workdir, config), cwd=tmp, start_new_session=True,
-            )
+        phase_r, phase_w = os.pipe()
+        try:
+            with open(log_path, "wb") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "cnncompare.core.child"],
+                    stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, pass_fds=(phase_w,),
+                    env=_child_env(workdir, config), cwd=tmp, start_new_session=True,
+                )
+        finally:
+            os.close(phase_w)  # the child holds its own copy
+        phases = _PhaseReader(phase_r, on_phase)
         killed_for: Optional[Status] = None
         try:
-            proc.stdin.write(_payload(backend, device, config, str(result_path), reference_path))
+            proc.stdin.write(_payload(backend, device, config, str(result_path), reference_path, phase_w))
             proc.stdin.close()
             watched = psutil.Process(proc.pid)
             deadline = time.monotonic() + config.timeout_s
             while proc.poll() is None:
+                phases.poll()
                 if time.monotonic() > deadline:
                     killed_for = Status.TIMEOUT
                 elif config.max_memory_mb and _tree_rss_mb(watched) > config.max_memory_mb:
@@ -203,6 +257,7 @@ def _run_child(backend: Any, device: str, config: RunConfig, result: CellResult,
                     os.killpg(proc.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
+            os.close(phase_r)
         data = json.loads(result_path.read_text()) if result_path.exists() else None
         tail = _log_tail(log_path)
     _fill(result, data, proc.returncode, killed_for, tail, config)

@@ -103,12 +103,14 @@ def _summary_line(device: str, results: list[CellResult]) -> str:
     return text + "."
 
 
+def _env_value(key: str, value: Any) -> Any:
+    if key == "gpus":
+        return "; ".join(f"{g['device']}: {g['name']} ({g['memory_gb']} GB, sm {g['capability']})" for g in value or []) or "none"
+    return "–" if value is None else value
+
+
 def _environment_table(env: dict) -> str:
-    rows = []
-    for key, value in env.items():
-        if key == "gpus":
-            value = "; ".join(f"{g['device']}: {g['name']} ({g['memory_gb']} GB, sm {g['capability']})" for g in value) or "none"
-        rows.append([md_cell(key), md_cell("–" if value is None else value)])
+    rows = [[md_cell(key), md_cell(_env_value(key, value))] for key, value in env.items()]
     return tabulate(rows, headers=["", ""], tablefmt="github", disable_numparse=True)
 
 
@@ -136,23 +138,38 @@ HOW_TO_READ = """\
 """
 
 
-def render_markdown(report: RunReport, charts: Optional[list[str]] = None) -> str:
+def _run_line(report: RunReport) -> str:
+    env, config = report.environment, report.config
+    gpus = ", ".join(g["name"] for g in env.get("gpus") or [])
+    return (
+        f"Measured {md_cell(report.started_at or env.get('date', ''))} with cnncompare {md_cell(env.get('cnncompare'))}, "
+        f"torch {md_cell(env.get('torch'))}, on {md_cell(env.get('cpu'))} ({env.get('threads')} threads)"
+        + (f" and {md_cell(gpus)}" if gpus else "") + ". "
+        f"Batch {config['batch_size']} × {config.get('in_channels', 3)} × {config['image_size']} × {config['image_size']}, "
+        f"{config['warmup']} warm-up + {config['steps']} measured steps per cell."
+    )
+
+
+def render_markdown(report: RunReport, charts: Optional[list[tuple[str, str]]] = None, final: bool = False) -> str:
+    """The report. ``charts`` are (title, file) pairs to link; at the ``final`` write, no charts
+    means matplotlib is missing, and the report says how to get them."""
     report.to_dict()  # fills the derived figures
     env, config = report.environment, report.config
     out = ["# cnncompare report", ""]
     status = "**interrupted**: this run was stopped before every cell finished. " if report.interrupted else ""
-    out.append(
-        f"{status}Measured {md_cell(report.started_at or env.get('date', ''))} with cnncompare {md_cell(env.get('cnncompare'))}, "
-        f"torch {md_cell(env.get('torch'))}, on {md_cell(env.get('cpu'))} ({env.get('threads')} threads). "
-        f"Batch {config['batch_size']} × {config.get('in_channels', 3)} × {config['image_size']} × {config['image_size']}, "
-        f"{config['warmup']} warm-up + {config['steps']} measured steps per cell."
-    )
+    out.append(status + _run_line(report))
     out += ["", "## Summary", ""]
     devices = report.devices()
     for device in devices:
         out.append(_summary_line(device, [r for r in report.results if r.device == device]))
     if not devices:
         out.append("No cell finished.")
+    if charts:
+        out += [""] + [f"![{md_cell(title)}]({name})" for title, name in charts]
+    elif final and charts is None:
+        from cnncompare.core.charts import PLOT_HINT
+
+        out += ["", PLOT_HINT]
     for device in devices:
         out += ["", f"## {md_cell(device)}", "", _device_table([r for r in report.results if r.device == device])]
     out += ["", "## How to read this", "", HOW_TO_READ.rstrip()]
@@ -198,3 +215,53 @@ def _finite(value: Any) -> Any:
     if isinstance(value, list):
         return [_finite(v) for v in value]
     return value
+
+
+#: CSV columns: the JSON's keys, nested ones dotted.
+CSV_COLUMNS = (
+    "backend", "device", "status", "plugin", "compile_s", "first_step_s", "step_s.median", "step_s.q1",
+    "step_s.q3", "step_s.min", "step_s.max", "step_s.n", "images_per_s", "speedup_vs_eager",
+    "break_even_steps", "threads", "peak_rss_mb", "cuda_peak_allocated_mb", "cuda_peak_reserved_mb",
+    "parity.passed", "parity.loss_rel_error", "parity.grad_rel_error", "parity.weight_rel_error", "error",
+)
+
+
+def render_csv(report: RunReport) -> str:
+    import csv
+    import io
+
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for row in _finite(report.to_dict())["results"]:
+        values = []
+        for column in CSV_COLUMNS:
+            value: Any = row
+            for part in column.split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+            values.append("" if value is None else value)
+        writer.writerow(values)
+    return buf.getvalue()
+
+
+def render_combined(reports: list[RunReport]) -> str:
+    """One report from several runs (e.g. a CPU laptop and a GPU server), each with its environment."""
+    out = ["# cnncompare: combined report", "", f"{len(reports)} runs, each measured on its own machine:", ""]
+    for i, rep in enumerate(reports, 1):
+        out.append(f"{i}. " + ("(interrupted) " if rep.interrupted else "") + _run_line(rep))
+    out += ["", "## Summary", ""]
+    for i, rep in enumerate(reports, 1):
+        rep.to_dict()
+        for device in rep.devices():
+            line = _summary_line(device, [r for r in rep.results if r.device == device])
+            out.append(line.replace(f"**{md_cell(device)}**", f"**run {i}, {md_cell(device)}**", 1))
+    for i, rep in enumerate(reports, 1):
+        for device in rep.devices():
+            out += ["", f"## Run {i}: {md_cell(device)} ({md_cell(rep.environment.get('cpu'))})", "",
+                    _device_table([r for r in rep.results if r.device == device])]
+    keys = list(dict.fromkeys(k for rep in reports for k in rep.environment))
+    rows = [[md_cell(k)] + [md_cell(_env_value(k, rep.environment.get(k))) for rep in reports] for k in keys]
+    out += ["", "## Environments", "", tabulate(rows, headers=[""] + [f"run {i}" for i in range(1, len(reports) + 1)],
+                                                   tablefmt="github", disable_numparse=True)]
+    out += ["", "## How to read this", "", HOW_TO_READ.rstrip()]
+    return "\n".join(out).rstrip() + "\n"

@@ -1,0 +1,106 @@
+"""compare (rank test + gate), merging runs into one report, CSV."""
+import csv
+import io
+import json
+import random
+import re
+
+import pytest
+
+from cnncompare.cli import main
+from cnncompare.core.compare import compare_runs, regressions
+from cnncompare.core.report import CSV_COLUMNS, render_combined, render_csv, render_json
+from cnncompare.core.results import CellResult, RunReport, Status, StepStats
+
+ENV = {"date": "d", "cnncompare": "0.1.0", "torch": "2.13.0", "cpu": "CPU A", "threads": 2, "gpus": [], "python": "3.11"}
+CONFIG = {"batch_size": 4, "image_size": 8, "in_channels": 3, "steps": 20, "warmup": 1}
+
+
+def _samples(center, n=20, spread=0.02, seed=0):
+    rng = random.Random(seed)
+    return [center * (1 + rng.uniform(-spread, spread)) for _ in range(n)]
+
+
+def _run(cells, env=None):
+    results = [CellResult(b, d, Status(s), compile_s=0.0, first_step_s=m,
+                          step_s=StepStats.from_samples(_samples(m, seed=i)) if s in ("ok", "fail_accuracy") else None)
+               for i, (b, d, s, m) in enumerate(cells)]
+    return RunReport(environment=dict(env or ENV), config=dict(CONFIG), results=results, started_at="t")
+
+
+BASE = _run([("eager", "cpu", "ok", 1.0), ("compile", "cpu", "ok", 0.8), ("jit-trace", "cpu", "ok", 1.0), ("broken", "cpu", "crashed", 0)])
+NEW = _run([("eager", "cpu", "ok", 1.005), ("compile", "cpu", "ok", 1.0), ("jit-trace", "cpu", "fail_run", 0), ("broken", "cpu", "crashed", 0)])
+
+
+def test_rank_test_separates_noise_from_a_real_slowdown():
+    cells = {c.backend: c for c in compare_runs(BASE, NEW)}
+    assert cells["compile"].ratio == pytest.approx(1.25, rel=0.02)
+    assert cells["compile"].significant(0.05)
+    assert not cells["eager"].significant(0.05)  # +0.5 % inside a 2 % spread
+    assert not cells["jit-trace"].comparable and not cells["broken"].comparable
+    assert [c.backend for c in regressions(list(cells.values()), 10)] == ["compile"]
+    assert regressions(list(cells.values()), 30) == []
+
+
+def _write(tmp_path, name, report):
+    path = tmp_path / name
+    path.write_text(render_json(report))
+    return str(path)
+
+
+def test_compare_cli_prints_tables_and_gates(tmp_path, capsys):
+    base, new = _write(tmp_path, "base.json", BASE), _write(tmp_path, "new.json", NEW)
+    assert main(["compare", base, new]) == 0
+    out = capsys.readouterr().out
+    assert "| compile" in out and "slower" in out and "within noise" in out
+    assert "not comparable (base ok, new fail_run)" in out
+    assert "Mann-Whitney U" in out
+    assert main(["compare", base, new, "--fail-above", "10"]) == 1
+    assert "failed: compile on cpu (+2" in capsys.readouterr().out
+    assert main(["compare", base, new, "--fail-above", "50"]) == 0
+    assert "passed" in capsys.readouterr().out
+
+
+def test_compare_shows_a_changed_environment(tmp_path, capsys):
+    other = _run([("eager", "cpu", "ok", 1.0)], env={**ENV, "torch": "2.11.0", "cpu": "CPU B"})
+    assert main(["compare", _write(tmp_path, "a.json", BASE), _write(tmp_path, "b.json", other)]) == 0
+    out = capsys.readouterr().out
+    assert "environment changed" in out and "torch: '2.13.0' → '2.11.0'" in out
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["compare", "missing.json", "missing2.json"], "base: 'missing.json' does not exist"),
+    (["compare", "x.json"], "the following arguments are required: new"),
+    (["compare", "a", "b", "--fail-above", "-1"], "--fail-above: must be a percentage >= 0"),
+    (["compare", "a", "b", "--alpha", "2"], "--alpha: must be between 0 and 1"),
+    (["report"], "the following arguments are required: RUN.json"),
+])
+def test_subcommand_bad_input(capsys, argv, fragment):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cnncompare: error: ") and fragment in err and err.count("\n") == 1
+
+
+def test_merged_report_has_every_run_and_environment(tmp_path, capsys):
+    gpu = _run([("eager", "cuda:0", "ok", 0.05), ("compile", "cuda:0", "ok", 0.02)],
+               env={**ENV, "cpu": "CPU B", "gpus": [{"device": "cuda:0", "name": "H200", "memory_gb": 139.8, "capability": "9.0"}]})
+    out = tmp_path / "combined.md"
+    assert main(["report", _write(tmp_path, "a.json", BASE), _write(tmp_path, "b.json", gpu), "--output", str(out)]) == 0
+    md = out.read_text()
+    assert "## Run 1: cpu (CPU A)" in md and "## Run 2: cuda:0 (CPU B)" in md
+    assert re.search(r"\*\*run 2, cuda:0\*\*: fastest is \*\*compile\*\* at 0\.0\d+ s/step, 2\.[45]\dx eager", md)
+    env_rows = [line for line in md.split("## Environments")[1].splitlines() if line.startswith("| cpu ")]
+    assert "CPU A" in env_rows[0] and "CPU B" in env_rows[0]
+    assert "H200 (139.8 GB, sm 9.0)" in md
+    assert md == render_combined([RunReport.from_dict(json.loads(render_json(BASE))),
+                                  RunReport.from_dict(json.loads(render_json(gpu)))])
+
+
+def test_csv_has_json_key_headers_and_one_row_per_result():
+    rows = list(csv.DictReader(io.StringIO(render_csv(BASE))))
+    assert list(rows[0]) == list(CSV_COLUMNS)
+    assert [r["backend"] for r in rows] == ["eager", "compile", "jit-trace", "broken"]
+    compile_row = rows[1]
+    assert float(compile_row["step_s.median"]) == pytest.approx(BASE.results[1].step_s.median)
+    assert float(compile_row["speedup_vs_eager"]) == pytest.approx(BASE.results[0].step_s.median / BASE.results[1].step_s.median)
+    assert rows[3]["status"] == "crashed" and rows[3]["step_s.median"] == ""
