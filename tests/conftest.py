@@ -8,10 +8,8 @@ TESTS = Path(__file__).parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
+from _tiny import TINY  # noqa: E402
 from cnncompare.core.config import RunConfig  # noqa: E402
-
-#: The tiny workload every end-to-end test runs (8x8 images, batch 4).
-TINY = dict(batch_size=4, image_size=8, steps=5, warmup=1, threads=1)
 
 
 @pytest.fixture

@@ -16,14 +16,14 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def builtin_report():
     from cnncompare.core.config import RunConfig
-    from conftest import TINY
+    from _tiny import TINY
 
     config = RunConfig(backends=("compile", "jit-script", "jit-trace", "eager"), devices=("cpu",), **TINY)
     registry = load_registry(entry_points=False)
     report = RunReport(environment={}, config=config.to_dict())
     snapshots = []
     run_cells(plan_cells(config, [DeviceSlot("cpu")]), config, registry, report,
-              on_result=lambda rep: snapshots.append(len(rep.results)), progress=lambda line: None)
+              on_result=lambda rep: snapshots.append(len(rep.results)))
     report.to_dict()
     return report, snapshots
 

@@ -17,12 +17,12 @@ FAULTS = ["raise-compile", "raise-step3", "hang", "abort", "segfault", "nan-loss
 @pytest.fixture(scope="module")
 def fault_report():
     from cnncompare.core.config import RunConfig
-    from conftest import TINY
+    from _tiny import TINY
 
     config = RunConfig(backends=("eager", *FAULTS), devices=("cpu",), timeout_s=25, max_memory_mb=1500, **TINY)
     registry = load_registry(extra_plugins=[fault_backends], entry_points=False)
     report = RunReport(environment={}, config=config.to_dict())
-    run_cells(plan_cells(config, [DeviceSlot("cpu")]), config, registry, report, lambda rep: None, lambda line: None)
+    run_cells(plan_cells(config, [DeviceSlot("cpu")]), config, registry, report, lambda rep: None)
     report.to_dict()
     return {r.backend: r for r in report.results}
 
