@@ -77,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=_seconds_arg, default=600.0, help="seconds per cell before its processes are killed (default: 600)")
     p.add_argument("--max-memory", type=_int_arg("--max-memory", 64), default=None, metavar="MB",
                    help="kill a cell whose processes exceed this RSS, reported as oom (default: no cap)")
+    p.add_argument("--compile-cache", choices=("cold", "warm"), default="cold",
+                   help="cold: every cell compiles from an empty cache; warm: each cell runs twice sharing its cache, "
+                   "reporting the warm run with the cold compile times beside it (default: cold)")
+    p.add_argument("--compile-threads", type=_int_arg("--compile-threads", 1), default=1,
+                   help="inductor compile workers (TORCHINDUCTOR_COMPILE_THREADS); 1 compiles in-process so its "
+                   "memory counts in the cell (default: 1)")
     p.add_argument("--output", type=Path, default=None, help="markdown report path (default: reports/cnncompare-<timestamp>.md)")
     p.add_argument("--json", type=Path, default=None, help="JSON report path (default: beside the markdown, .json)")
     p.add_argument("--csv", type=Path, default=None, help="also write one CSV row per result (JSON key names as headers)")
@@ -129,6 +135,7 @@ def _main(argv: list[str]) -> int:
             backends=tuple(backends), devices=tuple(device_parts), batch_size=args.batch_size,
             image_size=args.image_size, steps=args.steps, warmup=args.warmup, seed=args.seed,
             threads=args.threads, timeout_s=args.timeout, max_memory_mb=args.max_memory,
+            compile_cache=args.compile_cache, compile_threads=args.compile_threads,
         )
     except ConfigError as exc:
         raise UsageError(str(exc)) from None

@@ -29,7 +29,7 @@ def _run(capsys, *argv):
         (["--timeout", "soon"], "--timeout: expected a number"),
         (["--timeout", "inf"], "--timeout: must be a positive number"),
         (["--max-memory", "10"], "--max-memory: must be at least 64"),
-        (["--backends", "eager,nope"], "--backends: unknown backend 'nope'; known: all, eager, jit-trace, jit-script, compile; outside all: dynamo:* ("),
+        (["--backends", "eager,nope"], "--backends: unknown backend 'nope'; known: all, eager, eager-fused, channels-last, jit-trace, jit-script, compile, compile-step, "),
         (["--backends", ","], "--backends: no backend given"),
         (["--devices", "tpu"], "--devices: unknown device 'tpu'"),
         (["--devices", ""], "--devices: no device given"),
@@ -81,8 +81,9 @@ def test_resume_needs_a_real_report(capsys, tmp_path):
 def test_list_shows_backends_plugins_and_devices(capsys):
     code, out, err = _run(capsys, "--list", "--devices", "cpu,cuda")
     assert code == 0
-    for name in ("eager", "jit-trace", "jit-script", "compile"):
+    for name in ("eager", "jit-trace", "jit-script", "compile", "compile-step"):
         assert name in out
+    assert "compile-reduce-overhead" in out and "records CUDA graphs, which need a CUDA device" in out
     assert "cnncompare.backends.torchscript" in out
     assert "cpu: yes" in out
 
@@ -99,10 +100,13 @@ def test_backend_patterns_and_all_is_the_curated_set():
     from cnncompare.plugins import load_registry
 
     reg = load_registry(entry_points=False)
-    assert _select_backends("all", reg) == ["eager", "jit-trace", "jit-script", "compile"]
+    from test_plugins import BUILTINS
+
+    assert _select_backends("all", reg) == BUILTINS
     bridged = _select_backends("dynamo:*", reg)
     assert "dynamo:aot_eager" in bridged and all(n.startswith("dynamo:") for n in bridged)
-    assert _select_backends("compile,all,dynamo:aot_eager", reg) == ["compile", "eager", "jit-trace", "jit-script", "dynamo:aot_eager"]
+    assert _select_backends("compile,all,dynamo:aot_eager", reg) == ["compile"] + [b for b in BUILTINS if b != "compile"] + ["dynamo:aot_eager"]
+    assert _select_backends("compile-max*", reg) == ["compile-max-autotune", "compile-max-autotune-no-cudagraphs"]
 
 
 def test_plugins_command_lists_builtins_with_distribution(capsys):

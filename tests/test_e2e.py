@@ -45,6 +45,14 @@ def test_every_builtin_is_ok_with_parity_passed(builtin_report):
         assert r.cuda_peak_allocated_mb is None
         assert r.speedup_vs_eager > 0
     assert by_name["eager"].speedup_vs_eager == 1.0
+    for r in report.results:  # distance to the hardware, same step and probe for every row
+        assert r.gflop_per_step == by_name["eager"].gflop_per_step > 0
+        assert r.peak_gflops > 0 and 0 < r.pct_of_peak < 100
+        assert r.memory_ratio_vs_eager > 0 and r.compile_cache == "cold" and r.compile_threads == 1
+    assert by_name["eager"].dynamo is None and by_name["jit-script"].dynamo is None
+    dynamo = by_name["compile"].dynamo
+    assert dynamo["graphs"] >= 1 and dynamo["graph_breaks"] == 0 and dynamo["recompiles"] == 0
+    assert dynamo["fell_back_to_eager"] is False
     assert len(by_name["jit-trace"].warmup_s) == 2  # TorchScript asks for two warm-up steps
     assert len(by_name["eager"].warmup_s) == 1
 
@@ -82,3 +90,38 @@ def test_cli_end_to_end(tmp_path):
         (skipped,) = [r for r in data["results"] if r["device"] == "cuda"]
         assert skipped["status"] == "skipped" and "no CUDA device" in skipped["error"]
     assert md.read_text() == proc.stdout.rstrip("\n") + "\n"
+
+
+@pytest.mark.parametrize("backend", ["eager-fused", "channels-last", "aot-eager", "compile-step"])
+def test_more_builtins_run_and_match(tiny_config, backend):
+    from cnncompare.core.orchestrate import run_cell
+
+    registry = load_registry(entry_points=False)
+    r = run_cell(registry.get(backend), registry.origin[backend], DeviceSlot("cpu"), tiny_config())
+    assert r.status is Status.OK and r.parity.passed, (r.error, r.error_tail)
+    if backend in ("aot-eager", "compile-step"):
+        assert r.dynamo["graphs"] >= 1 and r.dynamo["recompiles"] == 0
+    if backend == "compile-step":  # the step is compiled in pieces: dynamo breaks around backward
+        assert r.dynamo["graph_breaks"] >= 1 and all("\n" not in reason for reason in r.dynamo["break_reasons"])
+
+
+def test_cuda_graph_modes_are_skipped_off_cuda(tiny_config):
+    import torch
+
+    from cnncompare.core.orchestrate import run_cell
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU behaviour")
+    registry = load_registry(entry_points=False)
+    for name in ("compile-reduce-overhead", "compile-max-autotune"):
+        r = run_cell(registry.get(name), registry.origin[name], DeviceSlot("cpu"), tiny_config())
+        assert r.status is Status.SKIPPED and "CUDA graphs" in r.error
+
+
+def test_warm_compile_cache_runs_twice_and_keeps_the_cold_times(tiny_config):
+    from cnncompare.core.orchestrate import run_cell
+
+    registry = load_registry(entry_points=False)
+    r = run_cell(registry.get("eager"), "x", DeviceSlot("cpu"), tiny_config(compile_cache="warm"))
+    assert r.status is Status.OK and r.compile_cache == "warm"
+    assert r.cold_compile_s is not None and r.cold_first_step_s is not None

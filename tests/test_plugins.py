@@ -9,7 +9,9 @@ import cnncompare
 from cnncompare import plugins
 from cnncompare.plugins import PluginError, load_registry
 
-BUILTINS = ["eager", "jit-trace", "jit-script", "compile"]
+BUILTINS = ["eager", "eager-fused", "channels-last", "jit-trace", "jit-script", "compile", "compile-step",
+            "compile-reduce-overhead", "compile-max-autotune", "compile-max-autotune-no-cudagraphs", "aot-eager",
+            "compile-channels-last"]
 
 
 def curated(reg):

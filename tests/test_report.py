@@ -26,7 +26,8 @@ def test_tables_rank_ok_rows_and_show_derived_figures():
     broken = CellResult("broken", "cpu", Status.FAIL_COMPILE, error="compile: RuntimeError: nope",
                         error_tail="Traceback ...\nRuntimeError: nope")
     md = render_markdown(_report(eager, broken, fast))
-    table = md.split("## cpu")[1].split("##")[0]
+    section = md.split("## cpu")[1].split("##")[0]
+    table = next(block for block in section.split("\n\n") if block.strip().startswith("|"))
     rows = [line for line in table.splitlines() if line.startswith("| ")][1:]
     assert [r.split("|")[1].strip() for r in rows] == ["fast", "eager", "broken"]
     assert "2.00x" in rows[0] and "pass (3.0e-04)" in rows[0]

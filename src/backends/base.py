@@ -56,6 +56,14 @@ class Backend(Protocol):
         The result ``step(x, y)`` must do forward, ``loss_fn``, zero_grad,
         backward and the optimizer step, and return the loss (detached, as a
         tensor: no ``.item()``, which would synchronise inside the timed loop).
+    ``make_optimizer(params, lr) -> torch.optim.Optimizer`` [absent]
+        Builds the Adam optimizer over ``params`` with learning rate ``lr``
+        the backend needs (``fused=True``, or a tensor ``lr`` so a compiled
+        step does not recompile). It must stay Adam at ``lr``: the parity check
+        compares against plain Adam.
+    ``prepare_input(x) -> x`` [identity]
+        Converts the input batch once, before ``compile`` and outside any
+        timed region (e.g. to ``torch.channels_last``), as a data loader would.
     ``in_all: bool`` [``True``]
         Whether ``--backends all`` includes the backend. Bridges that offer
         many experimental backends set it False; users name them explicitly
@@ -103,6 +111,15 @@ def step_compiler(backend: Any) -> Optional[Callable[..., Any]]:
 
 def step_maker(backend: Any) -> Optional[Callable[..., Any]]:
     return getattr(backend, "make_train_step", None)
+
+
+def optimizer_maker(backend: Any) -> Optional[Callable[..., Any]]:
+    return getattr(backend, "make_optimizer", None)
+
+
+def prepare_input(backend: Any, x: "torch.Tensor") -> "torch.Tensor":
+    convert = getattr(backend, "prepare_input", None)
+    return convert(x) if convert is not None else x
 
 
 def in_all(backend: Any) -> bool:

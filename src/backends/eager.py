@@ -1,5 +1,12 @@
-"""The baseline: the model as written, no compilation."""
+"""Eager backends: the baseline, and what eager can win without compiling."""
+import torch
+
 import cnncompare
+
+
+def to_channels_last(model):
+    """Convert 4-d parameters in place (Module.to keeps the same Parameter objects)."""
+    return model.to(memory_format=torch.channels_last)
 
 
 class Eager:
@@ -10,6 +17,29 @@ class Eager:
         return model
 
 
+class EagerFused:
+    name = "eager-fused"
+    description = "eager with Adam(fused=True): one fused kernel for the optimizer update"
+
+    def compile(self, model, example, device):
+        return model
+
+    def make_optimizer(self, params, lr):
+        return torch.optim.Adam(params, lr=lr, fused=True)
+
+
+class ChannelsLast:
+    name = "channels-last"
+    description = "eager with the model and input in torch.channels_last (NHWC convolutions)"
+
+    def prepare_input(self, x):
+        return x.contiguous(memory_format=torch.channels_last)
+
+    def compile(self, model, example, device):
+        return to_channels_last(model)
+
+
 @cnncompare.hookimpl
 def cnncompare_register_backends(register):
-    register(Eager())
+    for cls in (Eager, EagerFused, ChannelsLast):
+        register(cls())

@@ -55,7 +55,7 @@ def main() -> int:
         def checkpoint(data: dict) -> None:
             write({**data, "notes": _capture_notes(caught)})
 
-        out = run_cell(backend, config, payload["device"], checkpoint, payload.get("reference_path"),
+        out = run_cell(backend, config, payload["device"], checkpoint, payload["cell_dir"], payload.get("run_dir"),
                        _phase_reporter(payload.get("progress_fd")))
     write({**out, "notes": _capture_notes(caught)})
     return 0

@@ -22,6 +22,11 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+#: cold: each cell compiles with an empty cache. warm: each cell runs twice sharing one cache;
+#: the second (warm) run's figures are reported, with the cold compile times beside them.
+COMPILE_CACHE_MODES = ("cold", "warm")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """What one run measures. Defaults are the seed study's (batch 128, 28x28, 20 steps).
@@ -43,6 +48,8 @@ class RunConfig:
     threads: Optional[int] = None
     timeout_s: float = 600.0
     max_memory_mb: Optional[int] = None
+    compile_cache: str = "cold"
+    compile_threads: int = 1
 
     def __post_init__(self) -> None:
         positive = {
@@ -60,6 +67,9 @@ class RunConfig:
             _require_int("--threads", self.threads, minimum=1)
         if self.max_memory_mb is not None:
             _require_int("--max-memory", self.max_memory_mb, minimum=64)
+        _require_int("--compile-threads", self.compile_threads, minimum=1)
+        if self.compile_cache not in COMPILE_CACHE_MODES:
+            raise ConfigError("--compile-cache", f"must be one of {', '.join(COMPILE_CACHE_MODES)}, got {self.compile_cache!r}")
         if not (isinstance(self.timeout_s, (int, float)) and math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ConfigError("--timeout", f"must be a positive number of seconds, got {self.timeout_s!r}")
         if isinstance(self.lr, bool) or not (isinstance(self.lr, (int, float)) and self.lr > 0):

@@ -1,8 +1,11 @@
 """One cell: a backend on a device, measured inside its own child process.
 
 Order matters. Timing and memory are read first, from a cold start (fresh
-process, fresh compile cache); the parity check runs after every figure is
-taken, so its reference models can't inflate the memory figures.
+process, fresh compile cache). The state after the timed first step (loss,
+gradients, updated weights) is written to the cell's directory between the
+memory phases, so the parity check judges the very step that was timed and
+its reference models, built after every figure is taken, can't inflate the
+memory figures.
 
 Phases and what a failure in each means:
   compile     backend.compile (+ compile_step)         -> fail_compile
@@ -11,7 +14,7 @@ Phases and what a failure in each means:
                                                           compiler raised, else fail_run
   warmup, steps                                        -> fail_run
   non-finite loss in any step                          -> fail_accuracy
-  parity      first step vs a float64 eager reference  -> fail_accuracy
+  parity      the timed first step vs float64 eager   -> fail_accuracy
 An out-of-memory error in any phase is ``oom``.
 """
 from __future__ import annotations
@@ -30,6 +33,7 @@ from cnncompare.backends import base
 from cnncompare.core.config import RunConfig
 from cnncompare.core.memory import current_rss_mb, peak_rss_mb, reset_peak_rss
 from cnncompare.core.results import Parity, Status
+from cnncompare.core.roofline import roofline
 from cnncompare.core.workload import build_model, make_batch, make_optimizer, make_train_step, trained_parameters
 
 #: A compared tensor passes when rmse(backend) <= PARITY_MULTIPLIER * rmse(fp32 eager) + tolerance,
@@ -124,8 +128,11 @@ def _prepare(backend: Any, config: RunConfig, device: torch.device, dtype=torch.
     x = x.to(dtype)
     if backend is None:
         return model, model, make_train_step(model, make_optimizer(model.parameters(), config), nn.NLLLoss()), x, y, 0.0
+    x = base.prepare_input(backend, x)
     forward, compile_s = _timed(lambda: backend.compile(model, x, device), device)
-    optimizer = make_optimizer(trained_parameters(forward, model), config)
+    params = trained_parameters(forward, model)
+    maker = base.optimizer_maker(backend)
+    optimizer = maker(params, config.lr) if maker else make_optimizer(params, config)
     step = (base.step_maker(backend) or make_train_step)(forward, optimizer, nn.NLLLoss())
     compile_step = base.step_compiler(backend)
     if compile_step is not None:
@@ -139,14 +146,18 @@ def _no_phase(name: str, done: int, total: int) -> None:
 
 
 def run_cell(backend: Any, config: RunConfig, device_name: str, checkpoint: Callable[[dict], None],
-             reference_path: Optional[str] = None,
+             cell_dir: str, run_dir: Optional[str] = None,
              on_phase: Callable[[str, int, int], None] = _no_phase) -> dict:
     """Measure ``backend`` on ``device_name``; return the child's share of a CellResult as a dict.
 
     ``checkpoint`` is called with the figures once timing and memory are
     known, so they survive a crash or timeout in the parity check.
+    ``cell_dir`` is this cell's private directory (the first-step snapshot);
+    ``run_dir`` is shared by the run's cells (per-device reference and roofline).
     ``on_phase(name, done, total)`` reports progress, never inside a timed region.
     """
+    from cnncompare.core.diagnostics import DynamoWatch
+
     device = torch.device(device_name)
     torch.set_num_threads(config.resolved_threads)
     out: dict[str, Any] = {"status": Status.OK.value, "threads": torch.get_num_threads(), "warmup_s": []}
@@ -155,7 +166,9 @@ def run_cell(backend: Any, config: RunConfig, device_name: str, checkpoint: Call
         torch.cuda.set_device(device)
     out["rss_baseline_mb"] = current_rss_mb()
     warmup = max(config.warmup, base.min_warmup(backend))
+    snapshot = os.path.join(cell_dir, "first-step.pt")
     losses: list[torch.Tensor] = []
+    watch = DynamoWatch().start()
     phase = "compile"
     on_phase(phase, 0, 1)
     try:
@@ -170,6 +183,10 @@ def run_cell(backend: Any, config: RunConfig, device_name: str, checkpoint: Call
         if cuda:
             out["cuda_peak_allocated_first_step_mb"] = torch.cuda.max_memory_allocated(device) / _MB
             out["cuda_peak_reserved_first_step_mb"] = torch.cuda.max_memory_reserved(device) / _MB
+        # Between the two memory phases: torch.save streams the tensors without copies on the
+        # CPU, and both peaks are reset after it.
+        torch.save(_step_state(model, forward, loss), snapshot)
+        if cuda:
             torch.cuda.reset_peak_memory_stats(device)
         steady_peak_known = reset_peak_rss()
         phase = "warmup"
@@ -187,20 +204,24 @@ def run_cell(backend: Any, config: RunConfig, device_name: str, checkpoint: Call
             out["cuda_peak_reserved_mb"] = max(out["cuda_peak_reserved_first_step_mb"], torch.cuda.max_memory_reserved(device) / _MB)
     except Exception as exc:
         out.update(status=classify(exc, phase).value, **error_fields(exc, phase))
+        out["dynamo"] = watch.report()
         return out
+    out["dynamo"] = watch.report()
 
     bad = [i for i, value in enumerate(torch.stack([l.float() for l in losses]).tolist()) if not math.isfinite(value)]
     if bad:
         out.update(status=Status.FAIL_ACCURACY.value, error=f"non-finite loss at step {bad[0] + 1} of {len(losses)}")
         return out
-    out["final_loss"] = losses[-1].item()
     del model, forward, step, x, y, losses  # free the measured model before building the references
     checkpoint(out)
 
     phase = "parity"
     on_phase(phase, 0, 1)
     try:
-        parity = check_parity(backend, config, device, reference_path)
+        reference = reference_state(config, device, _shared(run_dir, "reference", device, ".pt"))
+        got = torch.load(snapshot, map_location=device, weights_only=True)
+        parity = compare_with_reference(got, reference, base.parity_tolerance(backend))
+        out.update(roofline(config, device, _shared(run_dir, "roofline", device, ".json")))
     except Exception as exc:
         out.update(status=classify(exc, phase).value, **error_fields(exc, phase))
         return out
@@ -210,19 +231,29 @@ def run_cell(backend: Any, config: RunConfig, device_name: str, checkpoint: Call
     return out
 
 
-def _first_step_state(backend: Any, config: RunConfig, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Loss, every gradient and every updated weight after one training step from the seeded start."""
-    model, forward, step, x, y, _ = _prepare(backend, config, device, dtype)
-    loss = step(x, y)
+def _shared(run_dir: Optional[str], kind: str, device: torch.device, suffix: str) -> Optional[str]:
+    if run_dir is None:
+        return None
+    return os.path.join(run_dir, f"{kind}-{str(device).replace(':', '-')}{suffix}")
+
+
+def _step_state(model: nn.Module, forward: Any, loss: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Loss, every gradient and every updated weight after one step, by parameter name (no copies)."""
     names = [name for name, _ in model.named_parameters()]
     params = trained_parameters(forward, model)
     if len(names) != len(params):
         names = [f"param{i}" for i in range(len(params))]
     state = {"loss": loss.detach().reshape(())}
     for name, p in zip(names, params):
-        state[f"grad:{name}"] = p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
-        state[f"weight:{name}"] = p.detach().clone()
+        state[f"grad:{name}"] = p.grad.detach() if p.grad is not None else torch.zeros_like(p)
+        state[f"weight:{name}"] = p.detach()
     return state
+
+
+def _first_step_state(config: RunConfig, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Eager's state after one training step from the seeded start, in ``dtype``."""
+    model, forward, step, x, y, _ = _prepare(None, config, device, dtype)
+    return _step_state(model, forward, step(x, y))
 
 
 def _rmse(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -236,6 +267,9 @@ def _group_rel_error(state: dict, ref: dict, prefix: str) -> float:
     return num / den if den > 0 else num
 
 
+_GROUPS = ("loss", "grad:", "weight:")
+
+
 def reference_state(config: RunConfig, device: torch.device, cache_path: Optional[str] = None) -> dict:
     """The float64 eager first step, and fp32 eager's own error against it, per tensor.
 
@@ -247,14 +281,14 @@ def reference_state(config: RunConfig, device: torch.device, cache_path: Optiona
     """
     if cache_path and os.path.exists(cache_path):
         return torch.load(cache_path, map_location=device, weights_only=True)
-    eager = _first_step_state(None, config, device, torch.float32)
+    eager = _first_step_state(config, device, torch.float32)
     if device.type == "mps":  # no float64 on MPS
         name, ref = "float32 eager (MPS has no float64)", eager
     else:
-        name, ref = "float64 eager", _first_step_state(None, config, device, torch.float64)
+        name, ref = "float64 eager", _first_step_state(config, device, torch.float64)
     data = {
         "name": name,
-        "ref": ref,
+        "ref": {k: v.clone() for k, v in ref.items()},
         "eager_rmse": {k: _rmse(eager[k], r) for k, r in ref.items()},
         "eager_rel": {p: _group_rel_error(eager, ref, p) for p in _GROUPS},
     }
@@ -265,16 +299,10 @@ def reference_state(config: RunConfig, device: torch.device, cache_path: Optiona
     return data
 
 
-_GROUPS = ("loss", "grad:", "weight:")
-
-
-def check_parity(backend: Any, config: RunConfig, device: torch.device, reference_path: Optional[str] = None) -> Parity:
-    """Compare the backend's first step with float64 eager, judged against fp32 eager's own error."""
-    tolerance = base.parity_tolerance(backend)
-    got = _first_step_state(backend, config, device, torch.float32)
-    reference = reference_state(config, device, reference_path)
+def compare_with_reference(got: dict[str, torch.Tensor], reference: dict, tolerance: float) -> Parity:
+    """Judge a first-step state against the reference: per tensor,
+    ``rmse(got) <= PARITY_MULTIPLIER * rmse(fp32 eager) + tolerance``."""
     ref, eager_rmse = reference["ref"], reference["eager_rmse"]
-
     worst = (0.0, None, 0.0, 0.0)  # (rmse / limit, tensor, rmse, limit)
     detail = None
     for key, r in ref.items():

@@ -72,14 +72,13 @@ def run_cells(
     todo = [c for c in cells if (c.backend, c.device.name) not in done]
     progress.start_run(len(todo))
     try:
-        # Private to this run: the parity reference per device, computed once and shared by its cells.
+        # Private to this run: the parity reference and roofline per device, computed once and shared.
         with tempfile.TemporaryDirectory(prefix="cnncompare-run-") as run_dir:
             for i, cell in enumerate(todo, 1):
                 backend = registry.get(cell.backend)
                 label = f"{cell.backend} on {cell.device.name}"
                 progress.start_cell(i, len(todo), label)
-                reference = os.path.join(run_dir, f"reference-{cell.device.name.replace(':', '-')}.pt")
-                result = run_cell(backend, registry.origin.get(cell.backend), cell.device, config, reference,
+                result = run_cell(backend, registry.origin.get(cell.backend), cell.device, config, run_dir,
                                   progress.phase)
                 report.results.append(result)
                 on_result(report)
@@ -102,7 +101,7 @@ def summarize(r: CellResult) -> str:
 
 
 def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunConfig,
-             reference_path: Optional[str] = None,
+             run_dir: Optional[str] = None,
              on_phase: Callable[[str, int, int], None] = Progress().phase) -> CellResult:
     """Measure one cell; never raises for a backend's failure (that is a result)."""
     result = CellResult(backend=backend.name, device=slot.name, status=Status.SKIPPED, plugin=plugin,
@@ -117,14 +116,29 @@ def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunC
         result.error = reason
         return result
     start = time.perf_counter()
-    _run_child(backend, slot.name, config, result, reference_path, on_phase)
+    with tempfile.TemporaryDirectory(prefix="cnncompare-cell-") as cell_dir:
+        cache = os.path.join(cell_dir, "compile-cache")  # fresh per cell: the first compile is cold
+        if config.compile_cache == "warm":
+            cold = _spawn(backend, slot.name, config, os.path.join(cell_dir, "cold"), cache, run_dir, on_phase)
+            if not _succeeded(cold):
+                _fill(result, *cold, config)
+            else:
+                warm = _spawn(backend, slot.name, config, os.path.join(cell_dir, "warm"), cache, run_dir, on_phase)
+                _fill(result, *warm, config)
+                result.cold_compile_s = cold[0].get("compile_s")
+                result.cold_first_step_s = cold[0].get("first_step_s")
+        else:
+            _fill(result, *_spawn(backend, slot.name, config, os.path.join(cell_dir, "run"), cache, run_dir, on_phase),
+                  config)
+    result.compile_cache = config.compile_cache
+    result.compile_threads = config.compile_threads
     result.wall_s = time.perf_counter() - start
     if result.status == Status.FAIL_COMPILE and plugin and result.error:
         result.error = f"plugin {plugin!r}: {result.error}"
     return result
 
 
-def _payload(backend: Any, device: str, config: RunConfig, result_path: str, reference_path: Optional[str],
+def _payload(backend: Any, device: str, config: RunConfig, result_path: str, cell_dir: str, run_dir: Optional[str],
              progress_fd: int) -> bytes:
     try:
         backend_pickle, pickle_error = pickle.dumps(backend), None
@@ -138,20 +152,21 @@ def _payload(backend: Any, device: str, config: RunConfig, result_path: str, ref
         "config": config.to_dict(),
         "device": device,
         "result_path": result_path,
-        "reference_path": reference_path,
+        "cell_dir": cell_dir,
+        "run_dir": run_dir,
         "progress_fd": progress_fd,
     })
 
 
-def _child_env(workdir: Path, config: RunConfig) -> dict[str, str]:
+def _child_env(cache_dir: str, config: RunConfig) -> dict[str, str]:
     env = dict(os.environ)
     env.update({
-        # Fresh caches: compile time is cold, and nothing leaks between cells.
-        "TORCHINDUCTOR_CACHE_DIR": str(workdir / "inductor-cache"),
-        "TRITON_CACHE_DIR": str(workdir / "triton-cache"),
-        # Compile in-process: worker pools outlive compilation and hold memory
-        # that the cell's peak RSS would not see (pytorch/pytorch#105832).
-        "TORCHINDUCTOR_COMPILE_THREADS": "1",
+        # A cache directory per cell: nothing leaks between cells, and the first compile is cold.
+        "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache_dir, "inductor"),
+        "TRITON_CACHE_DIR": os.path.join(cache_dir, "triton"),
+        # 1 (the default) compiles in-process: worker pools outlive compilation and hold
+        # memory the cell's peak RSS would not see (pytorch/pytorch#105832).
+        "TORCHINDUCTOR_COMPILE_THREADS": str(config.compile_threads),
         "OMP_NUM_THREADS": str(config.resolved_threads),
         "PYTHONUNBUFFERED": "1",
     })
@@ -214,53 +229,57 @@ class _PhaseReader:
             self._send(self.last)
 
 
-def _run_child(backend: Any, device: str, config: RunConfig, result: CellResult, reference_path: Optional[str],
-               on_phase: Callable[[str, int, int], None]) -> None:
-    with tempfile.TemporaryDirectory(prefix="cnncompare-cell-") as tmp:
-        workdir = Path(tmp)
-        result_path = workdir / "result.json"
-        log_path = workdir / "child.log"
-        phase_r, phase_w = os.pipe()
-        try:
-            with open(log_path, "wb") as log:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "cnncompare.core.child"],
-                    stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, pass_fds=(phase_w,),
-                    env=_child_env(workdir, config), cwd=tmp, start_new_session=True,
-                )
-        finally:
-            os.close(phase_w)  # the child holds its own copy
-        phases = _PhaseReader(phase_r, on_phase)
-        killed_for: Optional[Status] = None
-        try:
-            proc.stdin.write(_payload(backend, device, config, str(result_path), reference_path, phase_w))
-            proc.stdin.close()
-            watched = psutil.Process(proc.pid)
-            deadline = time.monotonic() + config.timeout_s
-            while proc.poll() is None:
-                phases.poll()
-                if time.monotonic() > deadline:
-                    killed_for = Status.TIMEOUT
-                elif config.max_memory_mb and _tree_rss_mb(watched) > config.max_memory_mb:
-                    killed_for = Status.OOM
-                if killed_for:
-                    _kill_group(proc)
-                    break
-                time.sleep(POLL_S)
-        except BrokenPipeError:
-            pass  # the child died before reading its payload: reported below from its log
-        finally:
-            if proc.poll() is None:  # interrupted: leave no child behind
+def _succeeded(spawned: tuple) -> bool:
+    data, returncode, killed_for, _ = spawned
+    return bool(data) and returncode == 0 and killed_for is None and data.get("status") == Status.OK.value
+
+
+def _spawn(backend: Any, device: str, config: RunConfig, workdir: str, cache_dir: str, run_dir: Optional[str],
+           on_phase: Callable[[str, int, int], None]) -> tuple[Optional[dict], int, Optional[Status], Optional[str]]:
+    """One child process: returns (its JSON or None, return code, why the parent killed it, log tail)."""
+    os.makedirs(workdir)
+    result_path = os.path.join(workdir, "result.json")
+    log_path = Path(workdir) / "child.log"
+    phase_r, phase_w = os.pipe()
+    try:
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "cnncompare.core.child"],
+                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, pass_fds=(phase_w,),
+                env=_child_env(cache_dir, config), cwd=workdir, start_new_session=True,
+            )
+    finally:
+        os.close(phase_w)  # the child holds its own copy
+    phases = _PhaseReader(phase_r, on_phase)
+    killed_for: Optional[Status] = None
+    try:
+        proc.stdin.write(_payload(backend, device, config, result_path, workdir, run_dir, phase_w))
+        proc.stdin.close()
+        watched = psutil.Process(proc.pid)
+        deadline = time.monotonic() + config.timeout_s
+        while proc.poll() is None:
+            phases.poll()
+            if time.monotonic() > deadline:
+                killed_for = Status.TIMEOUT
+            elif config.max_memory_mb and _tree_rss_mb(watched) > config.max_memory_mb:
+                killed_for = Status.OOM
+            if killed_for:
                 _kill_group(proc)
-            else:  # anything the child left running in its group (compile workers) goes too
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            os.close(phase_r)
-        data = json.loads(result_path.read_text()) if result_path.exists() else None
-        tail = _log_tail(log_path)
-    _fill(result, data, proc.returncode, killed_for, tail, config)
+                break
+            time.sleep(POLL_S)
+    except BrokenPipeError:
+        pass  # the child died before reading its payload: reported from its log
+    finally:
+        if proc.poll() is None:  # interrupted: leave no child behind
+            _kill_group(proc)
+        else:  # anything the child left running in its group (compile workers) goes too
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        os.close(phase_r)
+    data = json.loads(Path(result_path).read_text()) if os.path.exists(result_path) else None
+    return data, proc.returncode, killed_for, _log_tail(log_path)
 
 
 def _log_tail(path: Path) -> Optional[str]:
@@ -275,10 +294,10 @@ def _fill(result: CellResult, data: Optional[dict], returncode: int, killed_for:
           log_tail: Optional[str], config: RunConfig) -> None:
     """Merge the child's JSON (maybe partial) with how the child ended."""
     if data:
+        data = dict(data)
         samples = data.pop("step_samples", None)
         if samples:
             result.step_s = StepStats.from_samples(samples)
-        data.pop("final_loss", None)
         for key, value in data.items():
             if key == "status":
                 result.status = Status(value)

@@ -84,6 +84,35 @@ def _device_table(results: list[CellResult]) -> str:
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
+def _diagnostics_table(results: list[CellResult]) -> Optional[str]:
+    """Why each row is as fast as it is: distance to the hardware, memory, what dynamo did."""
+    rows = []
+    for r in _sorted(results):
+        if r.step_s is None:
+            continue
+        d = r.dynamo or {}
+        dyn = "–"
+        if d:
+            recompiles = "?" if d.get("recompiles") is None else d["recompiles"]
+            dyn = f"{d.get('graphs')} / {d.get('graph_breaks')} / {recompiles}" + (" fell back to eager" if d.get("fell_back_to_eager") else "")
+        cache = r.compile_cache or "–"
+        if r.cold_compile_s is not None:
+            cache += f" (cold: compile {_num(r.cold_compile_s)} s, first step {_num(r.cold_first_step_s)} s)"
+        rows.append([
+            md_cell(r.backend),
+            _num(r.achieved_gflops),
+            "–" if r.pct_of_peak is None else f"{r.pct_of_peak:.1f} %",
+            "–" if r.memory_ratio_vs_eager is None else f"{r.memory_ratio_vs_eager:.2f}x",
+            md_cell(dyn),
+            md_cell(cache),
+        ])
+    if not rows:
+        return None
+    return tabulate(rows, headers=["backend", "achieved GFLOP/s", "% of peak", "memory vs eager",
+                                   "dynamo graphs / breaks / recompiles", "compile cache"],
+                    tablefmt="github", disable_numparse=True)
+
+
 def _summary_line(device: str, results: list[CellResult]) -> str:
     ok = [r for r in results if r.status == Status.OK and r.step_s]
     eager = next((r for r in ok if r.backend == "eager"), None)
@@ -131,7 +160,14 @@ HOW_TO_READ = """\
 - **break-even**: training steps until the backend's extra one-off cost (compile + first step,
   beyond eager's) is repaid by its saving per step; – when it is not faster.
 - **peak RSS**: the cell's process, compile and first step included (the per-phase split is in the JSON).
-- **parity**: the backend's first training step (loss, every gradient, every updated weight)
+- **achieved GFLOP/s, % of peak**: the step's FLOPs (torch.utils.flop_counter, forward +
+  backward) ÷ the median step time, against the best rate of an fp32 matmul probe on the same
+  device: how far from the hardware the step runs.
+- **memory vs eager**: eager's peak ÷ this backend's (CUDA allocated where there is one, else
+  RSS); >1 uses less.
+- **dynamo graphs / breaks / recompiles**: what `torch.compile` captured during the measured
+  steps; a break or a recompile costs speed. "fell back to eager" means dynamo gave up.
+- **parity**: the backend's timed first training step (loss, every gradient, every updated weight)
   against a float64 eager reference. A tensor passes when its RMSE is at most 3 × fp32 eager's own
   RMSE plus the backend's tolerance; the figure shown is the largest norm-relative error over loss,
   gradients and weights.
@@ -171,7 +207,14 @@ def render_markdown(report: RunReport, charts: Optional[list[tuple[str, str]]] =
 
         out += ["", PLOT_HINT]
     for device in devices:
-        out += ["", f"## {md_cell(device)}", "", _device_table([r for r in report.results if r.device == device])]
+        rows = [r for r in report.results if r.device == device]
+        out += ["", f"## {md_cell(device)}", "", _device_table(rows)]
+        diagnostics = _diagnostics_table(rows)
+        if diagnostics:
+            peak = next((r.peak_gflops for r in rows if r.peak_gflops), None)
+            gflop = next((r.gflop_per_step for r in rows if r.gflop_per_step), None)
+            out += ["", f"Why ({md_cell(device)}): the step is {_num(gflop)} GFLOP (forward + backward); "
+                        f"an fp32 matmul probe reached {_num(peak)} GFLOP/s here.", "", diagnostics]
     out += ["", "## How to read this", "", HOW_TO_READ.rstrip()]
     out += ["", "## Environment", "", _environment_table(env)]
     out += ["", "## Configuration", "", _config_table(config)]

@@ -118,6 +118,16 @@ class CellResult:
     cuda_peak_allocated_first_step_mb: Optional[float] = None
     cuda_peak_reserved_first_step_mb: Optional[float] = None
     parity: Optional[Parity] = None
+    gflop_per_step: Optional[float] = None
+    achieved_gflops: Optional[float] = None
+    peak_gflops: Optional[float] = None
+    pct_of_peak: Optional[float] = None
+    memory_ratio_vs_eager: Optional[float] = None
+    dynamo: Optional[dict] = None
+    compile_cache: Optional[str] = None
+    compile_threads: Optional[int] = None
+    cold_compile_s: Optional[float] = None
+    cold_first_step_s: Optional[float] = None
     error: Optional[str] = None
     error_tail: Optional[str] = None
     notes: list[str] = field(default_factory=list)
@@ -175,7 +185,8 @@ class RunReport:
 
 
 def derive(results: list[CellResult], batch_size: int) -> None:
-    """Fill the derived figures: images/s and the comparison with eager on the same device.
+    """Fill the derived figures: images/s, achieved GFLOP/s and % of peak, and the comparison
+    with eager on the same device (speedup, break-even, memory ratio).
 
     speedup_vs_eager = eager median / backend median (>1 is faster), for ``ok``
     cells only: a wrong or failed backend has no speedup worth quoting.
@@ -185,15 +196,18 @@ def derive(results: list[CellResult], batch_size: int) -> None:
     """
     eager = {r.device: r for r in results if r.backend == "eager" and r.status == Status.OK and r.step_s}
     for r in results:
-        r.images_per_s = None
-        r.speedup_vs_eager = None
-        r.break_even_steps = None
-        if r.step_s is None:
-            continue
-        if r.step_s.median <= 0:
+        r.images_per_s = r.speedup_vs_eager = r.break_even_steps = None
+        r.achieved_gflops = r.pct_of_peak = r.memory_ratio_vs_eager = None
+        base = eager.get(r.device)
+        if base is not None and r.status == Status.OK:
+            r.memory_ratio_vs_eager = _memory_ratio(base, r)
+        if r.step_s is None or r.step_s.median <= 0:
             continue
         r.images_per_s = batch_size / r.step_s.median
-        base = eager.get(r.device)
+        if r.gflop_per_step:
+            r.achieved_gflops = r.gflop_per_step / r.step_s.median
+            if r.peak_gflops:
+                r.pct_of_peak = 100.0 * r.achieved_gflops / r.peak_gflops
         if r.status != Status.OK or base is None:
             continue
         r.speedup_vs_eager = base.step_s.median / r.step_s.median
@@ -202,6 +216,16 @@ def derive(results: list[CellResult], batch_size: int) -> None:
             continue
         extra = _one_off_cost(r) - _one_off_cost(base)
         r.break_even_steps = 0 if extra <= 0 else math.ceil(extra / saving)
+
+
+def _memory_ratio(eager: CellResult, r: CellResult) -> Optional[float]:
+    """Eager's peak / this backend's peak (>1: uses less), as PyTorch's own harness reports it.
+    CUDA allocations where both have them, else process RSS."""
+    for key in ("cuda_peak_allocated_mb", "peak_rss_mb"):
+        a, b = getattr(eager, key), getattr(r, key)
+        if a and b:
+            return a / b
+    return None
 
 
 def _one_off_cost(r: CellResult) -> float:

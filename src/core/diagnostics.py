@@ -1,0 +1,85 @@
+"""Why a compiled step is as fast as it is: dynamo's graphs, breaks and recompiles.
+
+Read from ``torch._dynamo.utils.counters`` (graphs, graph breaks and their
+reasons, frames) and dynamo's compile-start callbacks (a compile id ``f/n``
+with ``n > 0`` is a recompilation of frame ``f``). The child is a fresh
+process, so the counters belong to its cell alone; they are read right after
+the measured steps, before the parity check compiles anything again.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, Optional
+
+
+class DynamoWatch:
+    """Started before ``backend.compile``; ``report()`` after the measured steps."""
+
+    def __init__(self) -> None:
+        self.compile_ids: list[str] = []
+        self.fallback_messages: list[str] = []
+        self._handler: Optional[logging.Handler] = None
+
+    def start(self) -> "DynamoWatch":
+        try:
+            from torch._dynamo.callback import callback_handler
+
+            callback_handler.register_start_callback(self._on_start)
+        except Exception:  # older torch: recompiles stay unknown (None)
+            self.compile_ids = None  # type: ignore[assignment]
+        watch = self
+
+        class _Fallback(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                text = record.getMessage()
+                if "recompile_limit" in text or "cache_size_limit" in text or "falling back" in text.lower():
+                    watch.fallback_messages.append(text.splitlines()[0][:300])
+
+        self._handler = _Fallback(level=logging.WARNING)
+        logging.getLogger("torch._dynamo").addHandler(self._handler)
+        return self
+
+    def _on_start(self, args: Any) -> None:
+        self.compile_ids.append(str(getattr(args, "compile_id", args)))
+
+    def report(self) -> Optional[dict]:
+        """None when dynamo never ran in this cell (eager, TorchScript, …)."""
+        if "torch._dynamo" not in sys.modules:
+            return None
+        from torch._dynamo.utils import counters
+
+        frames_total = int(counters["frames"]["total"])
+        graphs = int(counters["stats"]["unique_graphs"])
+        if frames_total == 0 and graphs == 0:
+            return None
+        breaks = dict(counters["graph_break"])
+        recompiles = None
+        if self.compile_ids is not None:
+            recompiles = sum(1 for cid in self.compile_ids if _frame_compile_index(cid) > 0)
+        result = {
+            "graphs": graphs,
+            "graph_breaks": int(sum(breaks.values())),
+            "recompiles": recompiles,
+            "frames_compiled": int(counters["frames"]["ok"]),
+            "frames_seen": frames_total,
+            # Dynamo ran but captured nothing, or hit its recompile limit: the step ran (partly) eager.
+            "fell_back_to_eager": graphs == 0 or bool(self.fallback_messages),
+            # The first line of each reason names it; the rest is dynamo's long explanation.
+            "break_reasons": [f"{reason.strip().splitlines()[0][:200]} (x{n})"
+                              for reason, n in sorted(breaks.items(), key=lambda kv: -kv[1])[:5]],
+            "warnings": self.fallback_messages[:5],
+        }
+        if "torch._inductor" in sys.modules:
+            skips = int(counters["inductor"].get("cudagraph_skips", 0))
+            result["cudagraph_skips"] = skips
+        return result
+
+
+def _frame_compile_index(compile_id: str) -> int:
+    """'0/1' or '[0/1]' (frame 0, second compilation) -> 1; unknown forms -> 0."""
+    text = compile_id.strip("[]").split("_")[0]
+    try:
+        return int(text.split("/")[1])
+    except (IndexError, ValueError):
+        return 0
