@@ -29,6 +29,11 @@ def _run(capsys, *argv):
         (["--timeout", "soon"], "--timeout: expected a number"),
         (["--timeout", "inf"], "--timeout: must be a positive number"),
         (["--max-memory", "10"], "--max-memory: must be at least 64"),
+        (["--max-memory", "lots"], "--max-memory: expected a whole number"),
+        (["--compile-cache", "hot"], "argument --compile-cache: invalid choice: 'hot'"),
+        (["--compile-threads", "0"], "--compile-threads: must be positive"),
+        (["--seed", "x"], "--seed: expected a whole number"),
+        (["--warmup", "1.5"], "--warmup: expected a whole number"),
         (["--backends", "eager,nope"], "--backends: unknown backend 'nope'; known: all, eager, eager-fused, channels-last, jit-trace, jit-script, compile, compile-step, "),
         (["--backends", ","], "--backends: no backend given"),
         (["--devices", "tpu"], "--devices: unknown device 'tpu'"),
@@ -59,6 +64,9 @@ def test_unwritable_outputs_are_refused(capsys, tmp_path):
         (["--json", str(a_dir)], "--json: ", "is a directory"),
         (["--output", str(a_file / "r.md")], "--output: ", "is not a directory"),
         (["--output", str(tmp_path / "r.md"), "--json", str(tmp_path / "r.md")], "--json: ", "must differ"),
+        (["--csv", str(a_dir)], "--csv: ", "is a directory"),
+        (["--output", str(tmp_path / "r.md"), "--csv", str(tmp_path / "r.md")], "--csv: ", "must differ"),
+        (["--resume", str(a_dir)], "--resume: ", "not a cnncompare JSON report"),
     ]
     if os.geteuid() != 0:  # root writes anywhere
         cases.append((["--output", str(locked / "r.md")], "--output: ", "permission denied"))

@@ -75,12 +75,19 @@ def test_resume_keeps_finished_cells_and_runs_the_rest(tmp_path):
 
 
 def test_resume_refuses_a_changed_config(tmp_path):
-    proc = _start(tmp_path, "eager")
-    proc.communicate(timeout=300)
+    from cnncompare.core.config import RunConfig
+    from cnncompare.core.environment import capture
+    from cnncompare.core.report import render_json
+    from cnncompare.core.results import RunReport
+
+    config = RunConfig(backends=("eager",), batch_size=4, image_size=8, steps=3, warmup=0, threads=1)
+    saved = tmp_path / "run.json"
+    saved.write_text(render_json(RunReport(environment=capture(1), config=config.to_dict(), interrupted=True)))
     changed = TINY_ARGS[:-1] + ["2"]  # --threads 2
     proc = subprocess.run(
-        [sys.executable, str(DRIVER), "--backends", "eager", *changed, "--resume", str(tmp_path / "run.json")],
+        [sys.executable, str(DRIVER), "--backends", "eager", *changed, "--resume", str(saved)],
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 2
     assert "--resume: refused" in proc.stderr and "threads 1 -> 2" in proc.stderr
+    assert json.loads(saved.read_text())["results"] == []  # nothing was run or written

@@ -12,8 +12,13 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, runtime_che
 if TYPE_CHECKING:  # torch is imported lazily: `cnncompare --help` should not pay for it
     import torch
 
-#: Default absolute floor for the parity check (see ``parity_tolerance``).
-DEFAULT_PARITY_TOLERANCE = 1e-5
+#: Default absolute floor for the parity check (see ``parity_tolerance``): the floor of
+#: PyTorch's dynamo benchmark harness for training (tol 1e-3, applied as tol / 10). A plain
+#: fp32 algorithm change must pass: NHWC convolutions (channels-last) moved a conv weight by
+#: 8.7e-5 RMSE after the first Adam step at the seed config, where eager's own error was 5.7e-6
+#: (Adam's first update is +-lr whatever the gradient's size, so a near-zero gradient whose
+#: sign flips moves its weight by 2e-3).
+DEFAULT_PARITY_TOLERANCE = 1e-4
 
 
 @runtime_checkable
@@ -68,7 +73,7 @@ class Backend(Protocol):
         Whether ``--backends all`` includes the backend. Bridges that offer
         many experimental backends set it False; users name them explicitly
         or with a pattern (``--backends all,dynamo:*``).
-    ``parity_tolerance: float`` [``1e-5``]
+    ``parity_tolerance: float`` [``1e-4``]
         Absolute RMSE floor of the parity check: a compared tensor passes
         when its RMSE against a float64 eager reference is at most
         3 x fp32 eager's own RMSE + this tolerance. Raise it for reduced

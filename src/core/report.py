@@ -114,21 +114,26 @@ def _diagnostics_table(results: list[CellResult]) -> Optional[str]:
 
 
 def _summary_line(device: str, results: list[CellResult]) -> str:
+    """Which backend to pick on this device, what it costs up front, and whether the win is real."""
     ok = [r for r in results if r.status == Status.OK and r.step_s]
     eager = next((r for r in ok if r.backend == "eager"), None)
     if not ok:
         return f"- **{md_cell(device)}**: no backend finished `ok`."
     best = min(ok, key=lambda r: r.step_s.median)
-    text = f"- **{md_cell(device)}**: fastest is **{md_cell(best.backend)}** at {best.step_s.median:.4g} s/step"
+    text = f"- **{md_cell(device)}**: pick **{md_cell(best.backend)}**, {best.step_s.median:.4g} s/step"
     if eager is None:
         return text + " (no eager row, so no speedup)."
     if best is eager:
-        return text + ": no backend beat eager here; eager is the pick."
+        return text + ": no backend beat eager here."
     text += f", {best.speedup_vs_eager:.2f}x eager"
-    if best.break_even_steps is not None:
-        text += f"; its one-off compile cost is repaid after {best.break_even_steps} training steps"
-    if best.step_s.relative_spread > 0.1 or eager.step_s.relative_spread > 0.1:
-        text += " (spread above 10 % of the median: a noisy machine, rerun before trusting small differences)"
+    if best.break_even_steps == 0:
+        text += ", with no extra up-front cost"
+    elif best.break_even_steps is not None:
+        text += f"; its extra compile cost is repaid after {best.break_even_steps} training steps"
+    if best.step_s.q3 >= eager.step_s.q1:
+        text += " (its quartiles overlap eager's: within the noise, rerun before trusting it)"
+    elif best.step_s.relative_spread > 0.1 or eager.step_s.relative_spread > 0.1:
+        text += " (spread above 10 % of the median: a noisy machine)"
     return text + "."
 
 

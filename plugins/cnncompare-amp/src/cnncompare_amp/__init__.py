@@ -19,11 +19,24 @@ the loss by 0.1 and still fails. fp16 keeps 3 more bits: 5e-3.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 import cnncompare
 
 __version__ = "0.1.0"
+
+#: Set to 1 to run the bf16 backends on a CPU without native bf16 (emulated: 10-30x slower).
+ENV_EMULATED_BF16 = "CNNCOMPARE_AMP_EMULATED_BF16"
+
+
+def cpu_has_native_bf16() -> bool:
+    """oneDNN's own answer; True where the question can't be asked (let the run decide)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except Exception:
+        return True
 
 #: Absolute RMSE floor per tensor for bf16 (8 significant bits) and fp16 (11).
 BF16_TOLERANCE = 1e-2
@@ -41,6 +54,11 @@ class _Autocast:
             return f"torch.autocast with {self.dtype} is only wired up for cpu and cuda here, not {device.type}"
         if device.type == "cuda" and self.dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
             return f"{torch.cuda.get_device_name(device)} has no bfloat16 support"
+        if (device.type == "cpu" and self.dtype == torch.bfloat16 and not cpu_has_native_bf16()
+                and os.environ.get(ENV_EMULATED_BF16) != "1"):
+            return (f"this CPU has no native bfloat16 (oneDNN: no bf16; torch CPU capability "
+                    f"{torch.backends.cpu.get_cpu_capability()}): autocast bf16 is emulated, 10-30x slower per step "
+                    f"than fp32; set {ENV_EMULATED_BF16}=1 to run it anyway")
         return None
 
     def compile(self, model, example, device):

@@ -1,0 +1,128 @@
+"""How much does cnncompare itself cost? The same eager train step, timed three ways in one run.
+
+1. a bare hand-written loop (perf_counter around each step, in this process);
+2. torch.utils.benchmark.Timer, with num_threads set to the real thread count
+   (its default of 1 silently changes CPU results, pytorch/pytorch#58585);
+3. cnncompare's own cell (a fresh child process, as in a real run).
+
+The bare loop runs first and last, so machine drift shows as a gap between its
+two runs. Prints a markdown table and writes JSON; figures go into README.
+
+    python bench/harness_overhead.py                   # the seed config (batch 128, 28x28)
+    python bench/harness_overhead.py --batch-size 4 --image-size 8 --steps 5   # a smoke run
+
+Goals: cnncompare's median within 2 % of the bare loop's; fixed overhead per
+cell (process start, imports, everything but the steps) under 2 s.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from cnncompare.core.config import RunConfig
+from cnncompare.core.devices import DeviceSlot
+from cnncompare.core.environment import capture
+from cnncompare.core.orchestrate import run_cell
+from cnncompare.core.workload import build_model, make_batch, make_optimizer, make_train_step
+from cnncompare.plugins import load_registry
+
+
+def _step(config: RunConfig):
+    model = build_model(config, torch.device("cpu"))
+    x, y = make_batch(config, torch.device("cpu"))
+    return make_train_step(model, make_optimizer(model.parameters(), config), nn.NLLLoss()), x, y
+
+
+def bare_loop(config: RunConfig) -> list[float]:
+    step, x, y = _step(config)
+    for _ in range(config.warmup + 1):
+        step(x, y)
+    samples = []
+    for _ in range(config.steps):
+        start = time.perf_counter()
+        step(x, y)
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def torch_timer(config: RunConfig) -> list[float]:
+    from torch.utils.benchmark import Timer
+
+    step, x, y = _step(config)
+    for _ in range(config.warmup + 1):
+        step(x, y)
+    timer = Timer("step(x, y)", globals={"step": step, "x": x, "y": y}, num_threads=torch.get_num_threads())
+    return [timer.timeit(1).mean for _ in range(config.steps)]
+
+
+def import_seconds() -> float:
+    """A child's fixed start: a fresh interpreter importing what a cell imports."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import cnncompare.core.child, cnncompare.core.measure"], check=True)
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--image-size", type=int, default=28)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "harness-overhead.json")
+    args = p.parse_args()
+    config = RunConfig(batch_size=args.batch_size, image_size=args.image_size, steps=args.steps, warmup=args.warmup)
+    torch.set_num_threads(config.resolved_threads)
+
+    bare_first = bare_loop(config)
+    timer = torch_timer(config)
+    registry = load_registry(entry_points=False)
+    cell = run_cell(registry.get("eager"), "builtin", DeviceSlot("cpu"), config)
+    if cell.status.value != "ok":
+        print(f"the cnncompare cell failed: {cell.error}", file=sys.stderr)
+        return 1
+    bare_last = bare_loop(config)
+    imports = statistics.median(import_seconds() for _ in range(3))
+
+    bare = bare_first + bare_last
+    medians = {
+        "bare loop": statistics.median(bare),
+        "torch.utils.benchmark.Timer": statistics.median(timer),
+        "cnncompare": cell.step_s.median,
+    }
+    in_steps = (cell.compile_s or 0) + (cell.first_step_s or 0) + sum(cell.warmup_s) + sum(cell.step_s.samples)
+    result = {
+        "environment": capture(config.resolved_threads),
+        "config": config.to_dict(),
+        "median_s": medians,
+        "ratio_to_bare": {k: v / medians["bare loop"] for k, v in medians.items()},
+        "bare_drift": statistics.median(bare_last) / statistics.median(bare_first),
+        "cell_wall_s": cell.wall_s,
+        "cell_in_steps_s": in_steps,
+        "cell_overhead_s": cell.wall_s - in_steps,
+        "child_import_s": imports,
+    }
+    print(f"Harness overhead, batch {config.batch_size}, {config.image_size}x{config.image_size}, "
+          f"{config.steps} steps, {config.resolved_threads} threads, torch {torch.__version__}\n")
+    print("| timed by | median s/step | ÷ bare loop |\n|---|---|---|")
+    for name, median in medians.items():
+        print(f"| {name} | {median:.4f} | {result['ratio_to_bare'][name]:.3f} |")
+    print(f"\nbare loop drift (last ÷ first run): {result['bare_drift']:.3f}")
+    print(f"cnncompare cell: {cell.wall_s:.1f} s wall, {in_steps:.1f} s in compile and steps; "
+          f"overhead {result['cell_overhead_s']:.1f} s, of which process start + imports {imports:.1f} s "
+          f"(the rest: model build, the first-step snapshot, the parity check)")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
