@@ -1,4 +1,6 @@
+import os
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,10 @@ if str(TESTS) not in sys.path:
 
 from _tiny import TINY  # noqa: E402
 from cnncompare.core.config import RunConfig  # noqa: E402
+
+#: Inherited by every process this test session starts, so leftover children can be told
+#: apart from those of another test run on the same machine.
+os.environ.setdefault("CNNCOMPARE_TEST_RUN", uuid.uuid4().hex)
 
 
 @pytest.fixture
