@@ -80,9 +80,12 @@ def write_charts(report: RunReport, md_path: Path) -> Optional[list[tuple[str, s
         for r, xv, yv in zip(pts, xs, ys):
             ax.annotate(r.backend, (xv, yv), xytext=(5, 3), textcoords="offset points", fontsize=8)
     ax.set_xscale("log")
+    left, right = ax.get_xlim()
+    ax.set_xlim(left, right * 4)  # room for the labels of the slowest compilers
     ax.set_xlabel("one-off cost: compile + first step (s, log scale)")
     ax.set_ylabel("seconds per training step (median)")
-    ax.set_title("Compile cost against step time: lower left wins; down-and-right pays back over steps")
+    ax.set_title("Compile cost against step time\n(lower left wins; lower right pays back only over many steps)",
+                 fontsize=11)
     ax.grid(alpha=0.3, which="both")
     if len(devices) > 1:
         ax.legend(title="device")
