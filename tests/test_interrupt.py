@@ -91,3 +91,12 @@ def test_resume_refuses_a_changed_config(tmp_path):
     assert proc.returncode == 2
     assert "--resume: refused" in proc.stderr and "threads 1 -> 2" in proc.stderr
     assert json.loads(saved.read_text())["results"] == []  # nothing was run or written
+
+
+def test_failed_cells_are_results_and_the_run_exits_0(tmp_path):
+    proc = _start(tmp_path, "eager,raise-compile")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    data = json.loads((tmp_path / "run.json").read_text())
+    assert [(r["backend"], r["status"]) for r in data["results"]] == [("eager", "ok"), ("raise-compile", "fail_compile")]
+    assert "deliberate failure in compile" in (tmp_path / "run.md").read_text()
