@@ -15,7 +15,7 @@ import signal
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import cnncompare
 
@@ -45,14 +45,24 @@ def _int_arg(option: str, minimum: int):
     return parse
 
 
-def _seconds_arg(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--timeout: expected a number of seconds, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"--timeout: must be a positive number of seconds, got {text}")
-    return value
+def _float_arg(option: str, noun: str, valid, requirement: str):
+    """A finite float for ``option``; ``valid(value)`` else 'must be <requirement>'."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{option}: expected {noun}, got {text!r}") from None
+        if not (math.isfinite(value) and valid(value)):
+            raise argparse.ArgumentTypeError(f"{option}: must be {requirement}, got {text}")
+        return value
+
+    return parse
+
+
+_seconds_arg = _float_arg("--timeout", "a number of seconds", lambda v: v > 0, "a positive number of seconds")
+_percent_arg = _float_arg("--fail-above", "a percentage", lambda v: v >= 0, "a percentage >= 0")
+_alpha_arg = _float_arg("--alpha", "a number", lambda v: 0 < v < 1, "between 0 and 1")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -351,26 +361,6 @@ def _load_report(option: str, path: Path):
         raise UsageError(f"{option}: {str(path)!r} does not exist") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"{option}: {str(path)!r} is not a cnncompare JSON report ({exc})") from None
-
-
-def _percent_arg(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--fail-above: expected a percentage, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"--fail-above: must be a percentage >= 0, got {text}")
-    return value
-
-
-def _alpha_arg(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--alpha: expected a number, got {text!r}") from None
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"--alpha: must be between 0 and 1, got {text}")
-    return value
 
 
 def render_backend_list(registry, slots) -> str:

@@ -3,8 +3,6 @@ import ctypes
 import os
 import time
 
-import torch
-
 import cnncompare
 
 

@@ -1,5 +1,4 @@
 """Faults: each misbehaving backend costs its own cell only, with the right status."""
-import signal
 
 import pytest
 

@@ -2,7 +2,7 @@
 import torch
 
 import cnncompare
-from cnncompare.backends.eager import to_channels_last
+from cnncompare.backends.eager import ChannelsLastInput, to_channels_last
 
 
 class Compile:
@@ -54,12 +54,9 @@ class AotEager:
         return torch.compile(model, backend="aot_eager")
 
 
-class CompileChannelsLast:
+class CompileChannelsLast(ChannelsLastInput):
     name = "compile-channels-last"
     description = "torch.compile(model) with the model and input in torch.channels_last"
-
-    def prepare_input(self, x):
-        return x.contiguous(memory_format=torch.channels_last)
 
     def compile(self, model, example, device):
         return torch.compile(to_channels_last(model))
