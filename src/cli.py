@@ -149,7 +149,7 @@ def _main(argv: list[str]) -> int:
         )
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
-    resumed = _load_resume(args.resume) if args.resume else None
+    resumed = _load_report("--resume", args.resume) if args.resume else None
     md_path, json_path = _output_paths(args)
     csv_path = _check_writable("--csv", args.csv) if args.csv is not None else None
     if csv_path is not None and csv_path.resolve() in (md_path.resolve(), json_path.resolve()):
@@ -223,10 +223,6 @@ def _output_paths(args: argparse.Namespace) -> tuple[Path, Path]:
     if json_path.resolve() == md_path.resolve():
         raise UsageError("--json: must differ from the markdown --output path")
     return md_path, json_path
-
-
-def _load_resume(path: Path):
-    return _load_report("--resume", path)
 
 
 def _check_resumable(resumed, config, environment: dict) -> None:

@@ -24,7 +24,7 @@ def builtin_report():
     snapshots = []
     run_cells(plan_cells(config, [DeviceSlot("cpu")]), config, registry, report,
               on_result=lambda rep: snapshots.append(len(rep.results)))
-    report.to_dict()
+    report.derive()
     return report, snapshots
 
 

@@ -22,7 +22,7 @@ def fault_report():
     registry = load_registry(extra_plugins=[fault_backends], entry_points=False)
     report = RunReport(environment={}, config=config.to_dict())
     run_cells(plan_cells(config, [DeviceSlot("cpu")]), config, registry, report, lambda rep: None)
-    report.to_dict()
+    report.derive()
     return {r.backend: r for r in report.results}
 
 

@@ -194,7 +194,7 @@ def _run_line(report: RunReport) -> str:
 def render_markdown(report: RunReport, charts: Optional[list[tuple[str, str]]] = None, final: bool = False) -> str:
     """The report. ``charts`` are (title, file) pairs to link; at the ``final`` write, no charts
     means matplotlib is missing, and the report says how to get them."""
-    report.to_dict()  # fills the derived figures
+    report.derive()
     env, config = report.environment, report.config
     out = ["# cnncompare report", ""]
     status = "**interrupted**: this run was stopped before every cell finished. " if report.interrupted else ""
@@ -299,7 +299,7 @@ def render_combined(reports: list[RunReport]) -> str:
         out.append(f"{i}. " + ("(interrupted) " if rep.interrupted else "") + _run_line(rep))
     out += ["", "## Summary", ""]
     for i, rep in enumerate(reports, 1):
-        rep.to_dict()
+        rep.derive()
         for device in rep.devices():
             line = _summary_line(device, [r for r in rep.results if r.device == device])
             out.append(line.replace(f"**{md_cell(device)}**", f"**run {i}, {md_cell(device)}**", 1))

@@ -165,8 +165,13 @@ class RunReport:
     interrupted: bool = False
     schema_version: int = SCHEMA_VERSION
 
-    def to_dict(self) -> dict:
+    def derive(self) -> "RunReport":
+        """Recompute every derived figure from the raw results (see ``derive``)."""
         derive(self.results, self.config["batch_size"])
+        return self
+
+    def to_dict(self) -> dict:
+        self.derive()
         data = asdict(self)
         data["results"] = [r.to_dict() for r in self.results]
         return data

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from cnncompare.core.config import RunConfig
+from cnncompare.core.fileio import write_atomic
 from cnncompare.core.workload import build_model, make_batch
 
 #: Square fp32 matmul side for the peak probe: big enough to saturate, small enough to be quick.
@@ -59,8 +60,5 @@ def roofline(config: RunConfig, device: torch.device, cache_path: Optional[str])
             return json.load(f)
     data = {"gflop_per_step": train_step_gflop(config, device), "peak_gflops": peak_gflops(device)}
     if cache_path:
-        tmp = f"{cache_path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, cache_path)
+        write_atomic(cache_path, json.dumps(data))
     return data
