@@ -93,6 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile-threads", type=_int_arg("--compile-threads", 1), default=1,
                    help="inductor compile workers (TORCHINDUCTOR_COMPILE_THREADS); 1 compiles in-process so its "
                    "memory counts in the cell (default: 1)")
+    dist = p.add_argument_group("distributed (each cell a torchrun job under DistributedDataParallel)")
+    dist.add_argument("--nproc", type=_int_arg("--nproc", 1), default=None, metavar="N",
+                      help="ranks per node: gloo on the CPU, nccl on CUDA (one GPU per rank); batch size is per "
+                      "rank (weak scaling); CPU threads per rank = cores / N unless --threads (default: one process, no DDP)")
+    dist.add_argument("--nnodes", type=_int_arg("--nnodes", 1), default=1, help="nodes in the job; run the same command "
+                      "on each with its --node-rank (default: 1)")
+    dist.add_argument("--node-rank", type=_int_arg("--node-rank", 0), default=0, help="this node's rank (default: 0)")
+    dist.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                      help="torchrun's c10d rendezvous, the same on every node (default: --standalone on one node)")
     p.add_argument("--output", type=Path, default=None, help="markdown report path (default: reports/cnncompare-<timestamp>.md)")
     p.add_argument("--json", type=Path, default=None, help="JSON report path (default: beside the markdown, .json)")
     p.add_argument("--csv", type=Path, default=None, help="also write one CSV row per result (JSON key names as headers)")
@@ -145,7 +154,8 @@ def _main(argv: list[str]) -> int:
             backends=tuple(backends), devices=tuple(device_parts), batch_size=args.batch_size,
             image_size=args.image_size, steps=args.steps, warmup=args.warmup, seed=args.seed,
             threads=args.threads, timeout_s=args.timeout, max_memory_mb=args.max_memory,
-            compile_cache=args.compile_cache, compile_threads=args.compile_threads,
+            compile_cache=args.compile_cache, compile_threads=args.compile_threads, nproc=args.nproc,
+            nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
         )
     except ConfigError as exc:
         raise UsageError(str(exc)) from None

@@ -31,3 +31,4 @@ def _only_builtin_plugins(monkeypatch, request):
     """The core suite is hermetic: installed third-party plugins (cnncompare-amp in CI) stay out,
     in this process and in the children it starts. Tests about plugin loading set it themselves."""
     monkeypatch.setenv("CNNCOMPARE_PLUGINS", "")
+

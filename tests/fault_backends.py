@@ -1,7 +1,10 @@
 """Misbehaving backends for the isolation tests (importable, so the child can unpickle them)."""
 import ctypes
 import os
+import signal
 import time
+
+import torch
 
 import cnncompare
 
@@ -89,6 +92,52 @@ class Minimal:
         return model
 
 
+class RaiseOnRank1:
+    """Under torchrun, rank 1 raises at its third step while rank 0 waits in the gradient all-reduce."""
+
+    name = "raise-rank1"
+
+    def compile(self, model, example, device):
+        calls = {"n": 0}
+
+        def forward(x):
+            calls["n"] += 1
+            if calls["n"] == 3 and os.environ.get("RANK") == "1":
+                raise RuntimeError("deliberate failure on rank 1")
+            return model(x)
+
+        return _Wrapped(model, forward)
+
+
+class KillRank1:
+    """Under torchrun, rank 1 dies by SIGKILL at its second step (no result, no traceback)."""
+
+    name = "kill-rank1"
+
+    def compile(self, model, example, device):
+        calls = {"n": 0}
+
+        def forward(x):
+            calls["n"] += 1
+            if calls["n"] == 2 and os.environ.get("RANK") == "1":
+                os.kill(os.getpid(), signal.SIGKILL)
+            return model(x)
+
+        return _Wrapped(model, forward)
+
+
+class _Wrapped(torch.nn.Module):
+    """A module (DDP wraps modules only) whose forward is ``forward``, training ``model``'s parameters."""
+
+    def __init__(self, model, forward):
+        super().__init__()
+        self.model = model
+        self._forward = forward
+
+    def forward(self, x):
+        return self._forward(x)
+
+
 class Unpicklable:
     """Holds a lambda, so the child must find it again through the plugins."""
 
@@ -101,7 +150,8 @@ class Unpicklable:
         return self.wrap(model)
 
 
-ALL = [RaiseInCompile, RaiseAtThirdStep, Hang, Abort, Segfault, NanLoss, WrongNumbers, MemoryHog, Minimal]
+ALL = [RaiseInCompile, RaiseAtThirdStep, Hang, Abort, Segfault, NanLoss, WrongNumbers, MemoryHog, Minimal,
+       RaiseOnRank1, KillRank1]
 
 
 @cnncompare.hookimpl

@@ -64,19 +64,10 @@ def test_other_cells_are_intact(fault_report):
 
 
 def test_no_child_outlives_its_cell(fault_report):
-    import os
+    from _leftovers import leftover_cell_processes
 
-    import psutil
-
-    ours = os.environ["CNNCOMPARE_TEST_RUN"]
-    leftovers = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if "cnncompare.core.child" in " ".join(p.info["cmdline"] or []) and p.environ().get("CNNCOMPARE_TEST_RUN") == ours:
-                leftovers.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    assert leftovers == []  # the hanging, aborting and memory-hogging cells' process groups were killed
+    # the hanging, aborting and memory-hogging cells' processes were killed
+    assert leftover_cell_processes() == []
 
 
 def test_unpicklable_backend_is_found_again_through_the_plugins(tiny_config):

@@ -7,6 +7,7 @@ What is run
 
 Measurement (inside each cell's child process)
 - ``child``       the child's entry point: payload in, JSON result out
+- ``forkserver``  forks each cell's child from a process that has imported torch and dynamo
 - ``measure``     one cell: timing, memory phases, parity against float64 eager
 - ``memory``      peak RSS per phase
 - ``diagnostics`` what dynamo did: graphs, breaks, recompiles
@@ -14,6 +15,7 @@ Measurement (inside each cell's child process)
 
 Orchestration
 - ``orchestrate`` every cell in its own child: timeouts, memory watchdog, warm/cold cache
+- ``distributed`` ``--nproc``: a cell as a torchrun job under DDP (the ranks' side)
 - ``progress``    what the user sees while cells run
 
 Results and reports

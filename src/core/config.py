@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
 
@@ -50,6 +50,12 @@ class RunConfig:
     max_memory_mb: Optional[int] = None
     compile_cache: str = "cold"
     compile_threads: int = 1
+    #: None: one process per cell, no DDP. N: each cell is a torchrun job of N ranks per node
+    #: under DistributedDataParallel (1 is DDP with one rank, e.g. to prove nccl on one GPU).
+    nproc: Optional[int] = None
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: Optional[str] = None
 
     def __post_init__(self) -> None:
         positive = {
@@ -74,14 +80,51 @@ class RunConfig:
             raise ConfigError("--timeout", f"must be a positive number of seconds, got {self.timeout_s!r}")
         if isinstance(self.lr, bool) or not (isinstance(self.lr, (int, float)) and self.lr > 0):
             raise ConfigError("lr", f"must be a positive float, got {self.lr!r}")
+        self._check_distributed()
         if not self.backends:
             raise ConfigError("--backends", "no backend selected")
         if not self.devices:
             raise ConfigError("--devices", "no device selected")
 
+    def _check_distributed(self) -> None:
+        if self.nproc is not None:
+            _require_int("--nproc", self.nproc, minimum=1)
+        _require_int("--nnodes", self.nnodes, minimum=1)
+        _require_int("--node-rank", self.node_rank, minimum=0)
+        if self.node_rank >= self.nnodes:
+            raise ConfigError("--node-rank", f"must be below --nnodes {self.nnodes}, got {self.node_rank}")
+        if self.nnodes > 1 and self.nproc is None:
+            raise ConfigError("--nnodes", "needs --nproc (ranks per node)")
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise ConfigError("--nnodes", "several nodes need --rdzv-endpoint HOST:PORT (the same on every node)")
+        if self.rdzv_endpoint is not None:
+            if self.nproc is None:
+                raise ConfigError("--rdzv-endpoint", "needs --nproc")
+            host, _, port = self.rdzv_endpoint.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError("--rdzv-endpoint", f"expected HOST:PORT, got {self.rdzv_endpoint!r}")
+
+    @property
+    def distributed(self) -> bool:
+        return self.nproc is not None
+
+    @property
+    def world_size(self) -> int:
+        return (self.nproc or 1) * self.nnodes
+
     @property
     def resolved_threads(self) -> int:
-        return self.threads if self.threads is not None else available_cores()
+        """Torch threads per process: --threads, else every core, divided among this node's ranks."""
+        if self.threads is not None:
+            return self.threads
+        return max(1, available_cores() // (self.nproc or 1))
+
+    def single_process(self) -> "RunConfig":
+        """This run as one process with one rank's share: its threads and its batch.
+
+        Scaling efficiency divides by this throughput, so the ranks and the
+        single process get the same resources each (weak scaling)."""
+        return replace(self, nproc=None, nnodes=1, node_rank=0, rdzv_endpoint=None, threads=self.resolved_threads)
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -101,7 +144,7 @@ class RunConfig:
     def workload_key(self) -> dict:
         """What must match for two runs' cells to be comparable (used by --resume)."""
         data = self.to_dict()
-        for key in ("backends", "devices", "timeout_s", "max_memory_mb"):
+        for key in ("backends", "devices", "timeout_s", "max_memory_mb", "node_rank", "rdzv_endpoint"):
             data.pop(key)
         return data
 

@@ -30,7 +30,9 @@ import torch
 from torch import nn
 
 from cnncompare.backends import base
+from cnncompare.core import distributed
 from cnncompare.core.config import RunConfig
+from cnncompare.core.distributed import Rank
 from cnncompare.core.memory import current_rss_mb, peak_rss_mb, reset_peak_rss
 from cnncompare.core.results import Parity, Status
 from cnncompare.core.roofline import roofline
@@ -116,20 +118,24 @@ def error_fields(exc: BaseException, phase: str) -> dict:
     return {"error": f"{phase}: {summary}", "error_tail": "\n".join(lines[-ERROR_TAIL_LINES:])}
 
 
-def _prepare(backend: Any, config: RunConfig, device: torch.device, dtype=torch.float32):
+def _prepare(backend: Any, config: RunConfig, device: torch.device, rank: Optional[Rank] = None):
     """Build the model and batch, compile with the backend (timed), then the optimizer and step.
 
     The optimizer comes after the backend so it is built over the parameters
     the compiled module trains, already on their device (the seed's pitfall).
+    Under DDP the compiled module is wrapped before the optimizer is built
+    (the wrap is timed with the compile: it is part of the one-off cost).
     Returns (model, forward, step, x, y, compile_s).
     """
-    model = build_model(config, device, dtype)
-    x, y = make_batch(config, device)
-    x = x.to(dtype)
-    if backend is None:
-        return model, model, make_train_step(model, make_optimizer(model.parameters(), config), nn.NLLLoss()), x, y, 0.0
+    model = build_model(config, device)
+    x, y = make_batch(config, device, *((rank.rank, rank.world) if rank else ()))
     x = base.prepare_input(backend, x)
-    forward, compile_s = _timed(lambda: backend.compile(model, x, device), device)
+
+    def compile_and_wrap():
+        forward = backend.compile(model, x, device)
+        return distributed.wrap(forward, device) if rank else forward
+
+    forward, compile_s = _timed(compile_and_wrap, device)
     params = trained_parameters(forward, model)
     maker = base.optimizer_maker(backend)
     optimizer = maker(params, config.lr) if maker else make_optimizer(params, config)
@@ -147,7 +153,7 @@ def _no_phase(name: str, done: int, total: int) -> None:
 
 def run_cell(backend: Any, config: RunConfig, device_name: str, checkpoint: Callable[[dict], None],
              cell_dir: str, run_dir: Optional[str] = None,
-             on_phase: Callable[[str, int, int], None] = _no_phase) -> dict:
+             on_phase: Callable[[str, int, int], None] = _no_phase, rank: Optional[Rank] = None) -> dict:
     """Measure ``backend`` on ``device_name``; return the child's share of a CellResult as a dict.
 
     ``checkpoint`` is called with the figures once timing and memory are
@@ -155,10 +161,14 @@ def run_cell(backend: Any, config: RunConfig, device_name: str, checkpoint: Call
     ``cell_dir`` is this cell's private directory (the first-step snapshot);
     ``run_dir`` is shared by the run's cells (per-device reference and roofline).
     ``on_phase(name, done, total)`` reports progress, never inside a timed region.
+
+    Under torchrun ``rank`` says where this process sits (see ``distributed``):
+    the returned dict is then the node's combined row on a reporting rank; a
+    non-ok status on any rank must end the job (the child exits non-zero).
     """
     from cnncompare.core.diagnostics import DynamoWatch
 
-    device = torch.device(device_name)
+    device = torch.device(distributed.rank_device(device_name, rank) if rank else device_name)
     torch.set_num_threads(config.resolved_threads)
     out: dict[str, Any] = {"status": Status.OK.value, "threads": torch.get_num_threads(), "warmup_s": []}
     cuda = device.type == "cuda"
@@ -166,7 +176,7 @@ def run_cell(backend: Any, config: RunConfig, device_name: str, checkpoint: Call
         torch.cuda.set_device(device)
     out["rss_baseline_mb"] = current_rss_mb()
     warmup = max(config.warmup, base.min_warmup(backend))
-    snapshot = os.path.join(cell_dir, "first-step.pt")
+    snapshot = os.path.join(cell_dir, f"first-step-rank{rank.rank}.pt" if rank else "first-step.pt")
     losses: list[torch.Tensor] = []
     watch = DynamoWatch().start()
     phase = "compile"
@@ -174,7 +184,9 @@ def run_cell(backend: Any, config: RunConfig, device_name: str, checkpoint: Call
     try:
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
-        model, forward, step, x, y, out["compile_s"] = _prepare(backend, config, device)
+        if rank:
+            pg_backend = distributed.init(device, config.timeout_s)
+        model, forward, step, x, y, out["compile_s"] = _prepare(backend, config, device, rank)
         phase = "first_step"
         on_phase(phase, 0, 1)
         loss, out["first_step_s"] = _timed(lambda: step(x, y), device)
@@ -184,7 +196,10 @@ def run_cell(backend: Any, config: RunConfig, device_name: str, checkpoint: Call
             out["cuda_peak_allocated_first_step_mb"] = torch.cuda.max_memory_allocated(device) / _MB
             out["cuda_peak_reserved_first_step_mb"] = torch.cuda.max_memory_reserved(device) / _MB
         # Between the two memory phases: torch.save streams the tensors without copies on the
-        # CPU, and both peaks are reset after it.
+        # CPU, and both peaks are reset after it (so are the collectives that check DDP's ranks).
+        if rank:
+            loss = distributed.mean_loss(loss)
+            spread = distributed.weight_spread(trained_parameters(forward, model))
         torch.save(_step_state(model, forward, loss), snapshot)
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
@@ -213,14 +228,31 @@ def run_cell(backend: Any, config: RunConfig, device_name: str, checkpoint: Call
         out.update(status=Status.FAIL_ACCURACY.value, error=f"non-finite loss at step {bad[0] + 1} of {len(losses)}")
         return out
     del model, forward, step, x, y, losses  # free the measured model before building the references
+    if rank:
+        per_rank = distributed.gather({k: v for k, v in out.items() if k != "notes"})
+        distributed.finish()  # no collective after this: other ranks may leave
+        if not rank.reports:
+            return out
+        out = distributed.combine(per_rank, rank, pg_backend, config.batch_size)
+        out["distributed"].update(ranks_identical=spread == 0.0, max_rank_weight_diff=spread)
+        if rank.rank != 0:
+            out["notes"] = [f"parity is checked on node 0 (global rank 0); this is node {rank.rank // rank.local_world}"]
+            return out
+        # The other ranks have finished; the reference may use every core of this node.
+        torch.set_num_threads(config.resolved_threads * rank.local_world)
     checkpoint(out)
 
     phase = "parity"
     on_phase(phase, 0, 1)
     try:
-        reference = reference_state(config, device, _shared(run_dir, "reference", device, ".pt"))
+        shards = rank.world if rank else 1
+        reference = reference_state(config, device, _shared(run_dir, f"reference-x{shards}", device, ".pt"), shards)
         got = torch.load(snapshot, map_location=device, weights_only=True)
         parity = compare_with_reference(got, reference, base.parity_tolerance(backend))
+        if rank and not out["distributed"]["ranks_identical"]:
+            parity.passed = False
+            parity.detail = (f"ranks hold different weights after the first step "
+                             f"(max |difference| {out['distributed']['max_rank_weight_diff']:.3g}); " + (parity.detail or ""))
         out.update(roofline(config, device, _shared(run_dir, "roofline", device, ".json")))
     except Exception as exc:
         out.update(status=classify(exc, phase).value, **error_fields(exc, phase))
@@ -250,10 +282,27 @@ def _step_state(model: nn.Module, forward: Any, loss: torch.Tensor) -> dict[str,
     return state
 
 
-def _first_step_state(config: RunConfig, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Eager's state after one training step from the seeded start, in ``dtype``."""
-    model, forward, step, x, y, _ = _prepare(None, config, device, dtype)
-    return _step_state(model, forward, step(x, y))
+def _first_step_state(config: RunConfig, device: torch.device, dtype: torch.dtype,
+                      shards: int = 1) -> dict[str, torch.Tensor]:
+    """Eager's state after one training step from the seeded start, in ``dtype``.
+
+    With ``shards`` > 1 it is what DDP computes for that many ranks: each
+    rank's slice goes through the model on its own (BatchNorm uses the
+    slice's statistics), the gradients are averaged, one Adam step; the loss
+    is the mean of the slices' losses.
+    """
+    model = build_model(config, device, dtype)
+    optimizer = make_optimizer(model.parameters(), config)
+    loss_fn = nn.NLLLoss()
+    optimizer.zero_grad()
+    total = torch.zeros((), dtype=dtype, device=device)
+    for shard in range(shards):
+        x, y = make_batch(config, device, shard, shards)
+        loss = loss_fn(model(x.to(dtype)), y) / shards
+        loss.backward()
+        total += loss.detach()
+    optimizer.step()
+    return _step_state(model, model, total)
 
 
 def _rmse(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -270,7 +319,8 @@ def _group_rel_error(state: dict, ref: dict, prefix: str) -> float:
 _GROUPS = ("loss", "grad:", "weight:")
 
 
-def reference_state(config: RunConfig, device: torch.device, cache_path: Optional[str] = None) -> dict:
+def reference_state(config: RunConfig, device: torch.device, cache_path: Optional[str] = None,
+                    shards: int = 1) -> dict:
     """The float64 eager first step, and fp32 eager's own error against it, per tensor.
 
     Every cell on a device is judged against the same reference. It is
@@ -281,11 +331,13 @@ def reference_state(config: RunConfig, device: torch.device, cache_path: Optiona
     """
     if cache_path and os.path.exists(cache_path):
         return torch.load(cache_path, map_location=device, weights_only=True)
-    eager = _first_step_state(config, device, torch.float32)
+    eager = _first_step_state(config, device, torch.float32, shards)
     if device.type == "mps":  # no float64 on MPS
         name, ref = "float32 eager (MPS has no float64)", eager
     else:
-        name, ref = "float64 eager", _first_step_state(config, device, torch.float64)
+        name, ref = "float64 eager", _first_step_state(config, device, torch.float64, shards)
+    if shards > 1:
+        name += f" over the same {shards} slices (DDP's averaged gradients)"
     data = {
         "name": name,
         "ref": {k: v.clone() for k, v in ref.items()},

@@ -2,10 +2,16 @@
 
 Isolation is the point: a crash, hang or memory blow-up in one backend
 costs that cell alone, and each cell's peak memory is its own. Each child
-starts a new session (process group) so a timeout, an over-memory cell or
-an interrupted run kills the child and anything it spawned (inductor
-compile workers) together. Each cell gets a fresh compile cache directory,
-so compile times are cold.
+starts a new session (process group); a timeout, an over-memory cell or an
+interrupted run kills the child's whole process tree (inductor compile
+workers, and torchrun's ranks, which torchrun starts in sessions of their
+own). Each cell gets a fresh compile cache directory, so compile times are
+cold.
+
+With ``--nproc N`` a cell is the torchrun job (``distributed``) and then,
+when it is ``ok``, the backend in one process with one rank's threads and
+batch: the single-process throughput that scaling efficiency divides by,
+measured in the same run.
 """
 from __future__ import annotations
 
@@ -24,13 +30,17 @@ from typing import Any, Callable, Optional
 import psutil
 
 from cnncompare.backends import base
+from cnncompare.core import distributed
 from cnncompare.core.config import RunConfig
 from cnncompare.core.devices import DeviceSlot
+from cnncompare.core.forkserver import ForkServer
 from cnncompare.core.progress import Progress
 from cnncompare.core.results import CellResult, Parity, RunReport, StepStats, Status
 from cnncompare.plugins import Registry
 
 POLL_S = 0.05
+#: Forks every single-process cell's child; started on first use, closed when a run ends.
+_SERVER = ForkServer()
 LOG_TAIL_LINES = 15
 
 
@@ -84,6 +94,7 @@ def run_cells(
                 on_result(report)
                 progress.end_cell(label, summarize(result))
     finally:
+        _SERVER.close()
         progress.end_run()
 
 
@@ -95,6 +106,9 @@ def summarize(r: CellResult) -> str:
         )
     else:
         text = r.status.value
+    if r.distributed and r.distributed.get("scaling_efficiency") is not None:
+        text += (f", {r.distributed['nproc']} ranks {r.distributed['global_images_per_s']:.4g} images/s, "
+                 f"scaling efficiency {r.distributed['scaling_efficiency']:.2f}")
     if r.error:
         text += f"  ({r.error.splitlines()[0][:160]})"
     return text + (f"  [{r.wall_s:.0f} s]" if r.wall_s else "")
@@ -115,21 +129,18 @@ def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunC
     if reason:
         result.error = reason
         return result
+    if config.distributed and (reason := distributed.unavailable(slot.name, config.nproc)):
+        result.error = reason
+        return result
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="cnncompare-cell-") as cell_dir:
-        cache = os.path.join(cell_dir, "compile-cache")  # fresh per cell: the first compile is cold
-        if config.compile_cache == "warm":
-            cold = _spawn(backend, slot.name, config, os.path.join(cell_dir, "cold"), cache, run_dir, on_phase)
-            if not _succeeded(cold):
-                _fill(result, *cold, config)
-            else:
-                warm = _spawn(backend, slot.name, config, os.path.join(cell_dir, "warm"), cache, run_dir, on_phase)
-                _fill(result, *warm, config)
-                result.cold_compile_s = cold[0].get("compile_s")
-                result.cold_first_step_s = cold[0].get("first_step_s")
-        else:
-            _fill(result, *_spawn(backend, slot.name, config, os.path.join(cell_dir, "run"), cache, run_dir, on_phase),
-                  config)
+        _fill(result, *_measure(backend, slot.name, config, cell_dir, run_dir, on_phase), config)
+        if config.distributed and result.status == Status.OK:
+            # Scaling efficiency's denominator; a failed DDP cell has no efficiency to compute.
+            alone = config.single_process()
+            single = _measure(backend, slot.name, alone, os.path.join(cell_dir, "single"), run_dir,
+                              lambda name, done, total: on_phase(f"single-process-{name}", done, total))
+            _add_single_process(result, single, alone)
     result.compile_cache = config.compile_cache
     result.compile_threads = config.compile_threads
     result.wall_s = time.perf_counter() - start
@@ -138,8 +149,41 @@ def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunC
     return result
 
 
+def _measure(backend: Any, device: str, config: RunConfig, cell_dir: str, run_dir: Optional[str],
+             on_phase: Callable[[str, int, int], None]) -> tuple:
+    """The cell's measuring child(ren) in ``cell_dir``: one run with a cold compile cache,
+    or with ``--compile-cache warm`` a cold run and then a warm one sharing its cache
+    (the warm run's figures, with the cold run's compile times added)."""
+    cache = os.path.join(cell_dir, "compile-cache")  # fresh per cell: the first compile is cold
+    if config.compile_cache != "warm":
+        return _spawn(backend, device, config, os.path.join(cell_dir, "run"), cache, run_dir, on_phase)
+    cold = _spawn(backend, device, config, os.path.join(cell_dir, "cold"), cache, run_dir, on_phase)
+    if not _succeeded(cold):
+        return cold
+    data, *rest = _spawn(backend, device, config, os.path.join(cell_dir, "warm"), cache, run_dir, on_phase)
+    if data is not None:
+        data = {**data, "cold_compile_s": cold[0].get("compile_s"), "cold_first_step_s": cold[0].get("first_step_s")}
+    return (data, *rest)
+
+
+def _add_single_process(result: CellResult, single: tuple, config: RunConfig) -> None:
+    """The same backend's single-process figures beside the DDP ones (scaling efficiency's
+    denominator, derived in ``results.derive``)."""
+    if result.distributed is None:
+        return
+    alone = CellResult(backend=result.backend, device=result.device, status=Status.SKIPPED)
+    _fill(alone, *single, config)
+    ok = alone.status == Status.OK and alone.step_s is not None
+    result.distributed.update(
+        single_process_status=alone.status.value,
+        single_process_step_median_s=alone.step_s.median if ok else None,
+        single_process_threads=alone.threads,
+        single_process_error=alone.error,
+    )
+
+
 def _payload(backend: Any, device: str, config: RunConfig, result_path: str, cell_dir: str, run_dir: Optional[str],
-             progress_fd: int) -> bytes:
+             progress_path: str) -> bytes:
     try:
         backend_pickle, pickle_error = pickle.dumps(backend), None
     except Exception as exc:  # e.g. holds a lambda: the child finds it again through the plugins
@@ -154,7 +198,7 @@ def _payload(backend: Any, device: str, config: RunConfig, result_path: str, cel
         "result_path": result_path,
         "cell_dir": cell_dir,
         "run_dir": run_dir,
-        "progress_fd": progress_fd,
+        "progress_path": progress_path,
     })
 
 
@@ -173,12 +217,44 @@ def _child_env(cache_dir: str, config: RunConfig) -> dict[str, str]:
     return env
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+class _Forked:
+    """A cell's child forked from the fork server, with the part of ``Popen``'s interface we use."""
+
+    def __init__(self, server: ForkServer, payload_path: str, env: dict, workdir: str, log_path: str):
+        self._server = server
+        self.pid = server.start_child(payload_path, env, workdir, log_path)
+        self.returncode: Optional[int] = None
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None:
+            self.returncode = self._server.poll(self.pid)  # negative: killed by that signal
+        return self.returncode
+
+    def wait(self) -> int:
+        while self.poll() is None:
+            time.sleep(POLL_S)
+        return self.returncode
+
+
+def _kill_tree(proc: Any) -> None:
+    """SIGKILL the child's process group and every descendant (torchrun starts each rank in a
+    session of its own, so the group alone would leave them running)."""
+    try:
+        child = psutil.Process(proc.pid)
+        victims = child.children(recursive=True) + ([child] if proc.poll() is None else [])
+    except psutil.NoSuchProcess:
+        victims = []
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
+        pass  # gone, or killed before it made its own session: killed by pid below
+    for p in victims:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    if proc.poll() is None:
+        proc.wait()
 
 
 def _tree_rss_mb(proc: psutil.Process) -> float:
@@ -231,30 +307,35 @@ class _PhaseReader:
 
 def _succeeded(spawned: tuple) -> bool:
     data, returncode, killed_for, _ = spawned
-    return bool(data) and returncode == 0 and killed_for is None and data.get("status") == Status.OK.value
+    return (bool(data) and data.get("complete") and returncode == 0 and killed_for is None
+            and data.get("status") == Status.OK.value)
 
 
 def _spawn(backend: Any, device: str, config: RunConfig, workdir: str, cache_dir: str, run_dir: Optional[str],
            on_phase: Callable[[str, int, int], None]) -> tuple[Optional[dict], int, Optional[Status], Optional[str]]:
-    """One child process: returns (its JSON or None, return code, why the parent killed it, log tail)."""
+    """One child process, or one torchrun job under ``--nproc``: returns (its JSON or None,
+    return code, why the parent killed it, log tail)."""
     os.makedirs(workdir)
     result_path = os.path.join(workdir, "result.json")
+    payload_path = os.path.join(workdir, "payload.pkl")
+    fd = os.open(payload_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(_payload(backend, device, config, result_path, workdir, run_dir, os.path.join(workdir, "progress")))
+    # A FIFO rather than an inherited pipe: torchrun's ranks don't inherit our descriptors.
+    os.mkfifo(os.path.join(workdir, "progress"), 0o600)
+    phase_fd = os.open(os.path.join(workdir, "progress"), os.O_RDONLY | os.O_NONBLOCK)
     log_path = Path(workdir) / "child.log"
-    phase_r, phase_w = os.pipe()
-    try:
+    env = _child_env(cache_dir, config)
+    if config.distributed:
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "cnncompare.core.child"],
-                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, pass_fds=(phase_w,),
-                env=_child_env(cache_dir, config), cwd=workdir, start_new_session=True,
-            )
-    finally:
-        os.close(phase_w)  # the child holds its own copy
-    phases = _PhaseReader(phase_r, on_phase)
+            proc: Any = subprocess.Popen(distributed.launch_command(config, payload_path, _run_id(backend.name, device)),
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                         cwd=workdir, start_new_session=True)
+    else:
+        proc = _Forked(_SERVER, payload_path, env, workdir, str(log_path))
+    phases = _PhaseReader(phase_fd, on_phase)
     killed_for: Optional[Status] = None
     try:
-        proc.stdin.write(_payload(backend, device, config, result_path, workdir, run_dir, phase_w))
-        proc.stdin.close()
         watched = psutil.Process(proc.pid)
         deadline = time.monotonic() + config.timeout_s
         while proc.poll() is None:
@@ -264,22 +345,43 @@ def _spawn(backend: Any, device: str, config: RunConfig, workdir: str, cache_dir
             elif config.max_memory_mb and _tree_rss_mb(watched) > config.max_memory_mb:
                 killed_for = Status.OOM
             if killed_for:
-                _kill_group(proc)
                 break
             time.sleep(POLL_S)
-    except BrokenPipeError:
-        pass  # the child died before reading its payload: reported from its log
     finally:
-        if proc.poll() is None:  # interrupted: leave no child behind
-            _kill_group(proc)
-        else:  # anything the child left running in its group (compile workers) goes too
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        os.close(phase_r)
-    data = json.loads(Path(result_path).read_text()) if os.path.exists(result_path) else None
-    return data, proc.returncode, killed_for, _log_tail(log_path)
+        # Interrupted, killed, or finished: anything left in its tree (compile workers, ranks) goes.
+        _kill_tree(proc)
+        os.close(phase_fd)
+    data, returncode = _read_result(workdir, proc.returncode)
+    return data, returncode, killed_for, _log_tail(log_path)
+
+
+#: How a rank's collective fails when a peer is gone: a consequence, never the cause.
+PEER_LOST = ("closed by peer", "reset by peer", "remote worker", "broken pipe", "communicator was aborted",
+             "remote process exited")
+
+
+def _read_result(workdir: str, returncode: int) -> tuple[Optional[dict], int]:
+    """The child's result. For a torchrun job where a rank failed: the first rank to fail of
+    its own accord (its peers then fail on the broken collective: that is not the cause). A
+    failed rank exits 1 on purpose, so that exit is the result, not a crash. When every
+    failure is a lost peer, a rank died without a word: no result (crashed, torchrun's summary
+    in the log tail names the rank and the signal)."""
+    path = Path(workdir) / "result.json"
+    data = json.loads(path.read_text()) if path.exists() else None
+    failed = [json.loads(p.read_text()) for p in Path(workdir).glob("rank*.json")]
+    causes = [f for f in failed if not any(s in (f.get("error") or "").lower() for s in PEER_LOST)]
+    if causes:
+        first = min(causes, key=lambda f: f["failed_at"])
+        first["error"] = f"rank {first['rank']}: {first.get('error')}"
+        return first, 0
+    if failed:
+        return None, returncode or 1
+    return data, returncode
+
+
+def _run_id(backend: str, device: str) -> str:
+    """A rendezvous id every node derives alike for the same cell."""
+    return "cnncompare-" + "".join(c if c.isalnum() else "-" for c in f"{backend}-{device}")
 
 
 def _log_tail(path: Path) -> Optional[str]:
@@ -305,11 +407,11 @@ def _fill(result: CellResult, data: Optional[dict], returncode: int, killed_for:
                 result.parity = Parity(**value)
             elif hasattr(result, key):
                 setattr(result, key, value)
-    finished = data is not None and (data.get("parity") is not None or data.get("status") != Status.OK.value)
+    finished = data is not None and data.get("complete")
     if killed_for is Status.TIMEOUT:
         result.status = Status.TIMEOUT
         where = "in the parity check, after timing" if data else "before any figure was taken"
-        result.error = f"timed out after {config.timeout_s:g} s ({where}); the child's process group was killed"
+        result.error = f"timed out after {config.timeout_s:g} s ({where}); the child's process tree was killed"
         result.error_tail = log_tail
     elif killed_for is Status.OOM:
         result.status = Status.OOM
@@ -321,6 +423,8 @@ def _fill(result: CellResult, data: Optional[dict], returncode: int, killed_for:
             name = signal.Signals(-returncode).name
             hint = " (the kernel's OOM killer sends SIGKILL)" if -returncode == signal.SIGKILL else ""
             result.error = f"the child was killed by {name}{hint}"
+        elif config.distributed:  # torchrun's own summary (which rank, which signal) is in the log tail
+            result.error = f"torchrun exited with code {returncode} without a result: a rank died"
         else:
             result.error = f"the child exited with code {returncode} without a result"
         if data:

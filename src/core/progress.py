@@ -22,6 +22,14 @@ PHASE_LABELS = {
 }
 
 
+def phase_label(name: str) -> str:
+    """'steps' -> 'measured steps'; under --nproc, 'single-process-steps' -> 'single process: measured steps'."""
+    prefix = "single-process-"
+    if name.startswith(prefix):
+        return "single process: " + phase_label(name[len(prefix):])
+    return PHASE_LABELS.get(name, name)
+
+
 class Progress:
     """Receives the orchestrator's events; this base class shows nothing (library use, tests)."""
 
@@ -57,7 +65,7 @@ class LineProgress(Progress):
             self._phase, self._phase_start = name, now
         if now - self._last_line >= HEARTBEAT_S:
             count = f" {done}/{total}," if total > 1 else ""
-            self._print(f"{self._label}: still in {PHASE_LABELS.get(name, name)},{count} {now - self._phase_start:.0f} s")
+            self._print(f"{self._label}: still in {phase_label(name)},{count} {now - self._phase_start:.0f} s")
 
     def end_cell(self, label: str, summary: str) -> None:
         self._print(f"{self._label}: {summary}")
@@ -90,7 +98,7 @@ class BarProgress(Progress):
         if name != self._phase:
             self._phase, self._phase_start = name, now
         count = f" {done}/{total}" if total > 1 else ""
-        self.bar.set_postfix_str(f"{PHASE_LABELS.get(name, name)}{count}, {now - self._phase_start:.0f} s")
+        self.bar.set_postfix_str(f"{phase_label(name)}{count}, {now - self._phase_start:.0f} s")
 
     def end_cell(self, label: str, summary: str) -> None:
         self.bar.write(f"{label}: {summary}", file=self.stream)

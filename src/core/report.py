@@ -113,6 +113,44 @@ def _diagnostics_table(results: list[CellResult]) -> Optional[str]:
                     tablefmt="github", disable_numparse=True)
 
 
+def _scaling_table(results: list[CellResult]) -> Optional[str]:
+    """Under --nproc: what N ranks give over one process of the same backend."""
+    rows = []
+    for r in _sorted(results):
+        d = r.distributed
+        if not d:
+            continue
+        eff = d.get("scaling_efficiency")
+        identical = d.get("ranks_identical")
+        rows.append([
+            md_cell(r.backend), md_cell(r.status.value), str(d.get("nproc")), md_cell(d.get("process_group")),
+            _num(d.get("global_images_per_s")), _num(d.get("slowest_rank_step_median_s")),
+            f"rank {d.get('slowest_rank')}", _num(d.get("single_process_images_per_s")),
+            "–" if eff is None else f"{eff:.2f}",
+            "–" if identical is None else ("yes" if identical else f"NO ({d.get('max_rank_weight_diff'):.2g})"),
+        ])
+    if not rows:
+        return None
+    return tabulate(rows, headers=["backend", "status", "ranks", "process group", "global images/s",
+                                   "slowest rank median (s)", "slowest", "single-process images/s",
+                                   "scaling efficiency", "ranks identical"],
+                    tablefmt="github", disable_numparse=True)
+
+
+def _scaling_line(device: str, results: list[CellResult]) -> Optional[str]:
+    d = next((r.distributed for r in results if r.distributed), None)
+    if d is None:
+        return None
+    threads = d.get("threads_per_rank")
+    return (f"Scaling ({md_cell(device)}): DistributedDataParallel over {d['nproc']} ranks "
+            f"({d['nnodes']} node(s) × {d['nproc_per_node']}), weak scaling: {d['batch_size_per_rank']} images "
+            f"per rank, {d['global_batch_size']} per global step"
+            + (f", {threads} CPU thread(s) per rank" if threads and device == "cpu" else "")
+            + ". Scaling efficiency = global images/s ÷ (ranks × the same backend's single-process images/s, "
+            "measured in this run with one rank's batch and threads); 1.00 means DDP costs nothing. "
+            "The tables above show the slowest rank's steps: a synchronous step waits for it.")
+
+
 def _summary_line(device: str, results: list[CellResult]) -> str:
     """Which backend to pick on this device, what it costs up front, and whether the win is real."""
     ok = [r for r in results if r.status == Status.OK and r.step_s]
@@ -172,10 +210,13 @@ HOW_TO_READ = """\
   RSS); >1 uses less.
 - **dynamo graphs / breaks / recompiles**: what `torch.compile` captured during the measured
   steps; a break or a recompile costs speed. "fell back to eager" means dynamo gave up.
+- **scaling efficiency** (with `--nproc`): global images/s ÷ (ranks × single-process images/s);
+  **ranks identical**: every rank's weights after the first step equal rank 0's, bit for bit.
 - **parity**: the backend's timed first training step (loss, every gradient, every updated weight)
   against a float64 eager reference. A tensor passes when its RMSE is at most 3 × fp32 eager's own
   RMSE plus the backend's tolerance; the figure shown is the largest norm-relative error over loss,
-  gradients and weights.
+  gradients and weights. Under DDP the reference trains the same global batch in one process,
+  slice by slice (each rank's BatchNorm sees only its slice), and the ranks must also agree.
 """
 
 
@@ -220,6 +261,9 @@ def render_markdown(report: RunReport, charts: Optional[list[tuple[str, str]]] =
             gflop = next((r.gflop_per_step for r in rows if r.gflop_per_step), None)
             out += ["", f"Why ({md_cell(device)}): the step is {_num(gflop)} GFLOP (forward + backward); "
                         f"an fp32 matmul probe reached {_num(peak)} GFLOP/s here.", "", diagnostics]
+        scaling = _scaling_table(rows)
+        if scaling:
+            out += ["", _scaling_line(device, rows), "", scaling]
     out += ["", "## How to read this", "", HOW_TO_READ.rstrip()]
     out += ["", "## Environment", "", _environment_table(env)]
     out += ["", "## Configuration", "", _config_table(config)]
@@ -270,7 +314,9 @@ CSV_COLUMNS = (
     "backend", "device", "status", "plugin", "compile_s", "first_step_s", "step_s.median", "step_s.q1",
     "step_s.q3", "step_s.min", "step_s.max", "step_s.n", "images_per_s", "speedup_vs_eager",
     "break_even_steps", "threads", "peak_rss_mb", "cuda_peak_allocated_mb", "cuda_peak_reserved_mb",
-    "parity.passed", "parity.loss_rel_error", "parity.grad_rel_error", "parity.weight_rel_error", "error",
+    "parity.passed", "parity.loss_rel_error", "parity.grad_rel_error", "parity.weight_rel_error",
+    "distributed.nproc", "distributed.global_images_per_s", "distributed.slowest_rank_step_median_s",
+    "distributed.scaling_efficiency", "error",
 )
 
 

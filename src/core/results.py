@@ -128,6 +128,9 @@ class CellResult:
     compile_threads: Optional[int] = None
     cold_compile_s: Optional[float] = None
     cold_first_step_s: Optional[float] = None
+    #: Under --nproc: world size, per-rank medians, global throughput, scaling efficiency,
+    #: rank agreement (see core/distributed.py and README's schema). None for one process.
+    distributed: Optional[dict] = None
     error: Optional[str] = None
     error_tail: Optional[str] = None
     notes: list[str] = field(default_factory=list)
@@ -213,6 +216,8 @@ def derive(results: list[CellResult], batch_size: int) -> None:
             r.achieved_gflops = r.gflop_per_step / r.step_s.median
             if r.peak_gflops:
                 r.pct_of_peak = 100.0 * r.achieved_gflops / r.peak_gflops
+        if r.distributed is not None:
+            _derive_scaling(r.distributed, batch_size, r.step_s.median)
         if r.status != Status.OK or base is None:
             continue
         r.speedup_vs_eager = base.step_s.median / r.step_s.median
@@ -221,6 +226,17 @@ def derive(results: list[CellResult], batch_size: int) -> None:
             continue
         extra = _one_off_cost(r) - _one_off_cost(base)
         r.break_even_steps = 0 if extra <= 0 else math.ceil(extra / saving)
+
+
+def _derive_scaling(dist: dict, batch_size: int, slowest_median: float) -> None:
+    """global_images_per_s = world x batch / the slowest rank's median (a synchronous step waits
+    for it); scaling_efficiency = that / (world x the single-process images/s), which is
+    single-process median / slowest rank's median (1.0: DDP costs nothing)."""
+    world = dist["nproc"]
+    dist["global_images_per_s"] = world * batch_size / slowest_median
+    single = dist.get("single_process_step_median_s")
+    dist["single_process_images_per_s"] = batch_size / single if single else None
+    dist["scaling_efficiency"] = single / slowest_median if single else None
 
 
 def _memory_ratio(eager: CellResult, r: CellResult) -> Optional[float]:

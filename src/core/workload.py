@@ -50,13 +50,20 @@ def build_model(config: RunConfig, device: torch.device, dtype: torch.dtype = to
     return model.to(device=device, dtype=dtype).train()
 
 
-def make_batch(config: RunConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """A fixed, seeded batch (inputs, labels 0..num_classes-1), generated on ``device``."""
+def make_batch(config: RunConfig, device: torch.device, shard: int = 0, shards: int = 1
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed, seeded batch (inputs, labels 0..num_classes-1), generated on ``device``.
+
+    Under DDP the global batch is ``shards * batch_size`` images and rank
+    ``shard`` trains on its slice (weak scaling: ``batch_size`` per rank).
+    With one shard the batch is the single-process one, number for number.
+    """
     gen = torch.Generator(device=device).manual_seed(config.seed)
-    shape = (config.batch_size, config.in_channels, config.image_size, config.image_size)
-    x = torch.randn(shape, generator=gen, device=device)
-    y = torch.randint(0, config.num_classes, (config.batch_size,), generator=gen, device=device)
-    return x, y
+    n = config.batch_size * shards
+    x = torch.randn((n, config.in_channels, config.image_size, config.image_size), generator=gen, device=device)
+    y = torch.randint(0, config.num_classes, (n,), generator=gen, device=device)
+    part = slice(shard * config.batch_size, (shard + 1) * config.batch_size)
+    return x[part].contiguous(), y[part].contiguous()
 
 
 def make_optimizer(params, config: RunConfig) -> torch.optim.Optimizer:

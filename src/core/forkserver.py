@@ -1,0 +1,174 @@
+"""A fork server: each cell's child forked from a process that has imported torch and dynamo.
+
+Importing torch and torch._dynamo costs ~5 s per process on the 2-core
+reference machine, more than the rest of a small cell. The server
+(``python -m cnncompare.core.forkserver``) imports them once, then does
+nothing else: no tensor, no thread pool, no CUDA, no compilation. A child
+forked from it is as clean as a fresh interpreter; ``child.forked_main``
+gives it its own session, environment, directory and log.
+
+Why not ``multiprocessing``'s forkserver: it re-imports the parent's main
+module in every child (its "safe importing of main" rule), so a script
+without an ``if __name__ == "__main__"`` guard would run again per cell.
+
+Protocol, one JSON object per line: the parent writes
+``{"payload", "env", "workdir", "log"}`` on the server's stdin; the server
+answers ``{"started": pid}`` and later ``{"exited": pid, "code": c}`` on its
+stdout (``c`` negative for a signal, as ``subprocess`` says). EOF on stdin
+(the parent is gone) ends the server.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+from typing import Optional
+
+#: Imported once in the server (not torch._inductor's compile workers: the child sets their count).
+PRELOAD = ("torch", "torch._dynamo", "cnncompare.core.measure", "cnncompare.core.diagnostics", "cnncompare.core.child")
+
+
+def _exit_code(status: int) -> int:
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def serve() -> None:
+    import importlib
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    for name in PRELOAD:
+        importlib.import_module(name)
+    from cnncompare.core.child import forked_main
+
+    out = sys.stdout
+    out.write(json.dumps({"ready": os.getpid()}) + "\n")
+    out.flush()
+    stdin = sys.stdin.fileno()
+    buffer, running = b"", set()
+    while True:
+        readable, _, _ = select.select([stdin], [], [], 0.05)
+        while running:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            running.discard(pid)
+            out.write(json.dumps({"exited": pid, "code": _exit_code(status)}) + "\n")
+            out.flush()
+        if not readable:
+            continue
+        chunk = os.read(stdin, 65536)
+        if not chunk:
+            return
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            request = json.loads(line)
+            pid = os.fork()
+            if pid == 0:
+                _run_child(stdin, forked_main, request)
+            running.add(pid)
+            out.write(json.dumps({"started": pid}) + "\n")
+            out.flush()
+
+
+def _run_child(stdin: int, forked_main, request: dict) -> None:
+    """In the forked child: run the cell and leave with its exit code, never returning into
+    the server's loop."""
+    code = 70
+    try:
+        os.close(stdin)
+        code = forked_main(request["payload"], request["env"], request["workdir"], request["log"])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
+
+
+class ForkServer:
+    """The parent's handle on one server, started on first use and kept for the run."""
+
+    def __init__(self) -> None:
+        self._proc: Optional[subprocess.Popen] = None
+        self._buffer = b""
+        self.exit_codes: dict[int, int] = {}
+
+    def _start(self) -> subprocess.Popen:
+        # Its own session: a Ctrl-C in the terminal is the parent's, and killing a cell's
+        # process group never reaches the server.
+        proc = subprocess.Popen([sys.executable, "-m", "cnncompare.core.forkserver"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, start_new_session=True)
+        self._proc, self._buffer = proc, b""
+        message = self._read_message(block=True)
+        if message is None or "ready" not in message:
+            raise RuntimeError("the cnncompare fork server did not start (run 'python -m cnncompare.core.forkserver' "
+                               "to see why)")
+        return proc
+
+    def _read_message(self, block: bool) -> Optional[dict]:
+        assert self._proc is not None and self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            if not block and not select.select([fd], [], [], 0)[0]:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def start_child(self, payload: str, env: dict, workdir: str, log: str) -> int:
+        if self._proc is None or self._proc.poll() is not None:
+            self._start()
+        assert self._proc is not None and self._proc.stdin is not None
+        request = {"payload": payload, "env": env, "workdir": workdir, "log": log}
+        self._proc.stdin.write((json.dumps(request) + "\n").encode())
+        self._proc.stdin.flush()
+        while True:
+            message = self._read_message(block=True)
+            if message is None:
+                raise RuntimeError("the cnncompare fork server died")
+            if "started" in message:
+                return message["started"]
+            self._record(message)
+
+    def _record(self, message: dict) -> None:
+        if "exited" in message:
+            self.exit_codes[message["exited"]] = message["code"]
+
+    def poll(self, pid: int) -> Optional[int]:
+        """The child's exit code once the server has reaped it, else None."""
+        while pid not in self.exit_codes:
+            message = self._read_message(block=False)
+            if message is None:
+                if self._proc is not None and self._proc.poll() is not None and pid not in self.exit_codes:
+                    return -signal.SIGKILL  # the server died and took the child's status with it
+                return None
+            self._record(message)
+        return self.exit_codes[pid]
+
+    def close(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.stdin.close()
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._proc = None
+
+
+if __name__ == "__main__":
+    serve()
