@@ -229,7 +229,7 @@ def run_cell(backend: Any, config: RunConfig, device_name: str, checkpoint: Call
         return out
     del model, forward, step, x, y, losses  # free the measured model before building the references
     if rank:
-        per_rank = distributed.gather({k: v for k, v in out.items() if k != "notes"})
+        per_rank = distributed.gather(out)
         distributed.finish()  # no collective after this: other ranks may leave
         if not rank.reports:
             return out
@@ -238,8 +238,6 @@ def run_cell(backend: Any, config: RunConfig, device_name: str, checkpoint: Call
         if rank.rank != 0:
             out["notes"] = [f"parity is checked on node 0 (global rank 0); this is node {rank.rank // rank.local_world}"]
             return out
-        # The other ranks have finished; the reference may use every core of this node.
-        torch.set_num_threads(config.resolved_threads * rank.local_world)
     checkpoint(out)
 
     phase = "parity"
