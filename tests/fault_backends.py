@@ -92,21 +92,29 @@ class Minimal:
         return model
 
 
+def _on_rank1(model, at_call, action):
+    """A module like ``model`` whose forward runs ``action`` on rank 1 at call ``at_call``."""
+    calls = {"n": 0}
+
+    def forward(x):
+        calls["n"] += 1
+        if calls["n"] == at_call and os.environ.get("RANK") == "1":
+            action()
+        return model(x)
+
+    return _Wrapped(model, forward)
+
+
 class RaiseOnRank1:
     """Under torchrun, rank 1 raises at its third step while rank 0 waits in the gradient all-reduce."""
 
     name = "raise-rank1"
 
     def compile(self, model, example, device):
-        calls = {"n": 0}
+        def fail():
+            raise RuntimeError("deliberate failure on rank 1")
 
-        def forward(x):
-            calls["n"] += 1
-            if calls["n"] == 3 and os.environ.get("RANK") == "1":
-                raise RuntimeError("deliberate failure on rank 1")
-            return model(x)
-
-        return _Wrapped(model, forward)
+        return _on_rank1(model, 3, fail)
 
 
 class KillRank1:
@@ -115,15 +123,7 @@ class KillRank1:
     name = "kill-rank1"
 
     def compile(self, model, example, device):
-        calls = {"n": 0}
-
-        def forward(x):
-            calls["n"] += 1
-            if calls["n"] == 2 and os.environ.get("RANK") == "1":
-                os.kill(os.getpid(), signal.SIGKILL)
-            return model(x)
-
-        return _Wrapped(model, forward)
+        return _on_rank1(model, 2, lambda: os.kill(os.getpid(), signal.SIGKILL))
 
 
 class _Wrapped(torch.nn.Module):

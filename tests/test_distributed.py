@@ -78,3 +78,35 @@ def test_reference_for_two_slices_is_not_the_one_process_batch(tiny_config):
                               torch.float64)
     key = "grad:features.0.weight"
     assert not torch.allclose(sliced[key], whole[key], rtol=1e-6, atol=0)
+
+
+def test_two_nodes_meet_through_torchruns_rendezvous(tmp_path):
+    """Two 'nodes' on this machine (one rank each) meet at a c10d rendezvous: the report of the
+    node holding global rank 0 has the parity verdict, the other's says where it is; both have
+    the job's figures."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "cnncompare", "--backends", "eager", "--devices", "cpu", "--batch-size", "4",
+         "--image-size", "8", "--steps", "3", "--warmup", "0", "--threads", "1", "--timeout", "180",
+         "--nproc", "1", "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", f"127.0.0.1:{port}",
+         "--output", str(tmp_path / f"node{rank}.md")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    errors = [p.communicate(timeout=400)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors
+    node0, node1 = (json.loads((tmp_path / f"node{rank}.json").read_text())["results"][0] for rank in (0, 1))
+    for row in (node0, node1):
+        assert row["status"] == "ok", (row["error"], row["error_tail"])
+        d = row["distributed"]
+        assert d["nproc"] == 2 and d["nnodes"] == 2 and d["nproc_per_node"] == 1 and d["ranks_identical"] is True
+        assert d["scaling_efficiency"] > 0
+    # c10d numbers ranks by arrival, so either node may hold global rank 0
+    judged, other = (node0, node1) if node0["parity"] else (node1, node0)
+    assert judged["parity"]["passed"] and "2 slices" in judged["parity"]["reference"]
+    assert other["parity"] is None and any("holds global rank 0" in n for n in other["notes"])

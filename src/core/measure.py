@@ -176,7 +176,7 @@ def run_cell(backend: Any, config: RunConfig, device_name: str, checkpoint: Call
         torch.cuda.set_device(device)
     out["rss_baseline_mb"] = current_rss_mb()
     warmup = max(config.warmup, base.min_warmup(backend))
-    snapshot = os.path.join(cell_dir, f"first-step-rank{rank.rank}.pt" if rank else "first-step.pt")
+    snapshot = os.path.join(cell_dir, "first-step.pt")  # under DDP only global rank 0 writes it (its parity)
     losses: list[torch.Tensor] = []
     watch = DynamoWatch().start()
     phase = "compile"
@@ -200,7 +200,8 @@ def run_cell(backend: Any, config: RunConfig, device_name: str, checkpoint: Call
         if rank:
             loss = distributed.mean_loss(loss)
             spread = distributed.weight_spread(trained_parameters(forward, model))
-        torch.save(_step_state(model, forward, loss), snapshot)
+        if rank is None or rank.rank == 0:
+            torch.save(_step_state(model, forward, loss), snapshot)
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
         steady_peak_known = reset_peak_rss()
@@ -236,7 +237,9 @@ def run_cell(backend: Any, config: RunConfig, device_name: str, checkpoint: Call
         out = distributed.combine(per_rank, rank, pg_backend, config.batch_size)
         out["distributed"].update(ranks_identical=spread == 0.0, max_rank_weight_diff=spread)
         if rank.rank != 0:
-            out["notes"] = [f"parity is checked on node 0 (global rank 0); this is node {rank.rank // rank.local_world}"]
+            # torchrun's c10d rendezvous numbers ranks by arrival, not by --node-rank.
+            out["notes"] = [f"parity is checked on the node that holds global rank 0 (its report has the verdict); "
+                            f"this node's ranks start at {rank.rank}"]
             return out
     checkpoint(out)
 

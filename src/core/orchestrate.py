@@ -8,6 +8,8 @@ workers, and torchrun's ranks, which torchrun starts in sessions of their
 own). Each cell gets a fresh compile cache directory, so compile times are
 cold.
 
+A single-process cell's child is forked from the fork server
+(``forkserver``), which has imported torch and dynamo once for the run.
 With ``--nproc N`` a cell is the torchrun job (``distributed``) and then,
 when it is ``ok``, the backend in one process with one rank's threads and
 batch: the single-process throughput that scaling efficiency divides by,
