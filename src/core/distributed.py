@@ -26,10 +26,11 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import statistics
+import sys
 from dataclasses import dataclass
 from typing import Any, Optional
 
-#: Keys of the child's figures that are per-rank lists or only meaningful on the reporting rank.
+#: Memory figures: the row reports the largest rank's (the one that needs the most memory).
 _PEAK_KEYS = ("peak_rss_mb", "peak_rss_first_step_mb", "peak_rss_steady_mb", "cuda_peak_allocated_mb",
               "cuda_peak_reserved_mb", "cuda_peak_allocated_first_step_mb", "cuda_peak_reserved_first_step_mb",
               "rss_baseline_mb")
@@ -186,8 +187,6 @@ def launch_command(config: Any, payload_path: str, run_id: str) -> list[str]:
     torchrun's c10d rendezvous at ``--rdzv-endpoint``; every node runs the same
     cells in the same order, so each cell's ``run_id`` meets its peers.
     """
-    import sys
-
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={config.nproc}",
            f"--nnodes={config.nnodes}", "--max-restarts=0", "--monitor-interval=0.2"]
     if config.rdzv_endpoint:
