@@ -79,3 +79,25 @@ def test_unpicklable_backend_is_found_again_through_the_plugins(tiny_config):
     r = run_cell(backend, "test", DeviceSlot("cpu"), tiny_config(backends=("unpicklable",)))
     assert r.status is Status.FAIL_COMPILE
     assert "'unpicklable' can't be pickled" in r.error and "lambda" in r.error
+
+
+def test_memory_watch_survives_a_cell_that_exits_between_two_looks(monkeypatch):
+    """A forked cell is reaped by the fork server, not by us: it can vanish between our
+    ``poll()`` and the look at its tree (psutil raised NoSuchProcess there in CI)."""
+    import os
+    import subprocess
+    import sys
+
+    import psutil
+
+    from cnncompare.core import orchestrate
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert orchestrate._tree_rss_mb(gone.pid) == 0.0
+
+    def vanished(self, recursive=False):
+        raise psutil.NoSuchProcess(self.pid)
+
+    monkeypatch.setattr(psutil.Process, "children", vanished)
+    assert orchestrate._tree_rss_mb(os.getpid()) == 0.0

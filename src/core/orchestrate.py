@@ -259,9 +259,18 @@ def _kill_tree(proc: Any) -> None:
         proc.wait()
 
 
-def _tree_rss_mb(proc: psutil.Process) -> float:
+def _tree_rss_mb(pid: int) -> float:
+    """Resident memory of a process and its descendants, in MB; 0 once it is gone.
+
+    Any of them can exit between two calls (a forked cell is reaped by the fork server, not
+    by us), so every lookup may find no such process."""
+    try:
+        proc = psutil.Process(pid)
+        tree = [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
     total = 0
-    for p in [proc, *proc.children(recursive=True)]:
+    for p in tree:
         try:
             total += p.memory_info().rss
         except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -338,13 +347,12 @@ def _spawn(backend: Any, device: str, config: RunConfig, workdir: str, cache_dir
     phases = _PhaseReader(phase_fd, on_phase)
     killed_for: Optional[Status] = None
     try:
-        watched = psutil.Process(proc.pid)
         deadline = time.monotonic() + config.timeout_s
         while proc.poll() is None:
             phases.poll()
             if time.monotonic() > deadline:
                 killed_for = Status.TIMEOUT
-            elif config.max_memory_mb and _tree_rss_mb(watched) > config.max_memory_mb:
+            elif config.max_memory_mb and _tree_rss_mb(proc.pid) > config.max_memory_mb:
                 killed_for = Status.OOM
             if killed_for:
                 break
