@@ -49,6 +49,7 @@ def test_every_builtin_is_ok_with_parity_passed(builtin_report):
         assert r.gflop_per_step == by_name["eager"].gflop_per_step > 0
         assert r.peak_gflops > 0 and 0 < r.pct_of_peak < 100
         assert r.memory_ratio_vs_eager > 0 and r.compile_cache == "cold" and r.compile_threads == 1
+        assert r.cpu_user_s_per_step > 0 and r.cpu_sys_s_per_step >= 0 and r.page_faults_per_step >= 0
     assert by_name["eager"].dynamo is None and by_name["jit-script"].dynamo is None
     dynamo = by_name["compile"].dynamo
     assert dynamo["graphs"] >= 1 and dynamo["graph_breaks"] == 0 and dynamo["recompiles"] == 0

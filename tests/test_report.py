@@ -73,3 +73,26 @@ def test_interrupted_report_says_so():
     rep = _report()
     rep.interrupted = True
     assert "**interrupted**" in render_markdown(rep)
+
+
+def test_diagnostics_show_the_os_share_of_a_step():
+    eager = CellResult("eager", "cpu", Status.OK, step_s=StepStats.from_samples([1.0]), parity=_parity(),
+                       cpu_sys_s_per_step=0.531, page_faults_per_step=179266.0)
+    fused = CellResult("eager-fused", "cpu", Status.OK, step_s=StepStats.from_samples([0.8]), parity=_parity(),
+                       cpu_sys_s_per_step=0.0012, page_faults_per_step=12.0)
+    md = render_markdown(_report(eager, fused))
+    assert "page faults / step" in md and "kernel CPU s / step" in md
+    row = {line.split("|")[1].strip(): line for line in md.splitlines() if line.startswith("| eager")}
+    assert "179k" in row["eager"] and "0.531" in row["eager"]
+    assert "| 12 " in row["eager-fused"] and "0.0012" in row["eager-fused"]
+
+
+def test_os_usage_per_step_counts_fresh_pages():
+    import torch
+
+    from cnncompare.core.memory import per_step_usage, process_usage
+
+    before = process_usage()
+    torch.ones(64 * 1024 * 1024 // 4)  # 64 MB the kernel must map and zero
+    usage = per_step_usage(before, process_usage(), 2)
+    assert usage["page_faults_per_step"] > 0 and usage["cpu_user_s_per_step"] + usage["cpu_sys_s_per_step"] > 0

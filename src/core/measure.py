@@ -33,7 +33,7 @@ from cnncompare.backends import base
 from cnncompare.core import distributed
 from cnncompare.core.config import RunConfig
 from cnncompare.core.distributed import Rank
-from cnncompare.core.memory import current_rss_mb, peak_rss_mb, reset_peak_rss
+from cnncompare.core.memory import current_rss_mb, peak_rss_mb, per_step_usage, process_usage, reset_peak_rss
 from cnncompare.core.results import Parity, Status
 from cnncompare.core.roofline import roofline
 from cnncompare.core.workload import build_model, make_batch, make_optimizer, make_train_step, trained_parameters
@@ -210,8 +210,10 @@ def run_cell(backend: Any, config: RunConfig, device_name: str, checkpoint: Call
         out["warmup_s"] = _timed_steps(step, x, y, warmup, device, losses, lambda i: on_phase("warmup", i, warmup))
         phase = "steps"
         on_phase(phase, 0, config.steps)
+        usage = process_usage()
         out["step_samples"] = _timed_steps(step, x, y, config.steps, device, losses,
                                            lambda i: on_phase("steps", i, config.steps))
+        out.update(per_step_usage(usage, process_usage(), config.steps))
         steady = peak_rss_mb()
         out["peak_rss_steady_mb"] = steady if steady_peak_known else None
         out["peak_rss_mb"] = max(out["peak_rss_first_step_mb"], steady)

@@ -84,6 +84,10 @@ def _device_table(results: list[CellResult]) -> str:
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
+def _faults(value: Optional[float]) -> str:
+    return "–" if value is None else f"{value / 1000:.0f}k" if value >= 10_000 else f"{value:.0f}"
+
+
 def _diagnostics_table(results: list[CellResult]) -> Optional[str]:
     """Why each row is as fast as it is: distance to the hardware, memory, what dynamo did."""
     rows = []
@@ -103,13 +107,15 @@ def _diagnostics_table(results: list[CellResult]) -> Optional[str]:
             _num(r.achieved_gflops),
             "–" if r.pct_of_peak is None else f"{r.pct_of_peak:.1f} %",
             "–" if r.memory_ratio_vs_eager is None else f"{r.memory_ratio_vs_eager:.2f}x",
+            _faults(r.page_faults_per_step),
+            _num(r.cpu_sys_s_per_step),
             md_cell(dyn),
             md_cell(cache),
         ])
     if not rows:
         return None
     return tabulate(rows, headers=["backend", "achieved GFLOP/s", "% of peak", "memory vs eager",
-                                   "dynamo graphs / breaks / recompiles", "compile cache"],
+                                   "page faults / step", "kernel CPU s / step", "dynamo graphs / breaks / recompiles", "compile cache"],
                     tablefmt="github", disable_numparse=True)
 
 
@@ -208,6 +214,10 @@ HOW_TO_READ = """\
   device: how far from the hardware the step runs.
 - **memory vs eager**: eager's peak ÷ this backend's (CUDA allocated where there is one, else
   RSS); >1 uses less.
+- **page faults / step, kernel CPU s / step**: over the measured steps, from `getrusage` (all
+  threads of the cell's process). A page fault maps a fresh page the kernel must zero: tensors
+  larger than glibc's mmap threshold are mapped anew each step, so a step that frees and
+  re-allocates hundreds of MB (eager's for-loop Adam, a `.grad` freed by `zero_grad`) pays here.
 - **dynamo graphs / breaks / recompiles**: what `torch.compile` captured during the measured
   steps; a break or a recompile costs speed. "fell back to eager" means dynamo gave up.
 - **scaling efficiency** (with `--nproc`): global images/s ÷ (ranks × single-process images/s);

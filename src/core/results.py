@@ -123,6 +123,10 @@ class CellResult:
     peak_gflops: Optional[float] = None
     pct_of_peak: Optional[float] = None
     memory_ratio_vs_eager: Optional[float] = None
+    #: What the measured steps cost the OS, per step (process-wide: all threads).
+    cpu_user_s_per_step: Optional[float] = None
+    cpu_sys_s_per_step: Optional[float] = None
+    page_faults_per_step: Optional[float] = None
     dynamo: Optional[dict] = None
     compile_cache: Optional[str] = None
     compile_threads: Optional[int] = None
