@@ -16,8 +16,13 @@ def _state(gen, scale=1.0, shapes=((1000, 700), (5,), ())):
     return state
 
 
+def _plain_ref_sq(ref64):
+    """Each group's squared norm, computed plainly (what reference_state stores)."""
+    return {g: sum(float((v.double() ** 2).sum()) for k, v in ref64.items() if k.startswith(g)) for g in measure._GROUPS}
+
+
 def _reference(ref64, eager32):
-    ref_sq = {g: sum(float((v.double() ** 2).sum()) for k, v in ref64.items() if k.startswith(g)) for g in measure._GROUPS}
+    ref_sq = _plain_ref_sq(ref64)
     rmse, rel = measure._errors(eager32, ref64, ref_sq)
     return {"name": "float64 eager", "ref": ref64, "ref_sq": ref_sq, "eager_rmse": rmse, "eager_rel": rel}
 
@@ -27,8 +32,7 @@ def test_errors_match_a_plain_float64_computation():
     ref = {k: v.double() for k, v in _state(gen).items()}
     got = {k: (v + 1e-3 * torch.randn(v.shape, generator=gen, dtype=torch.float64)).float() for k, v in ref.items()}
     assert got["grad:p0"].numel() > 2 * measure._CHUNK
-    rmse, rel = measure._errors(got, ref, {g: sum(float((v ** 2).sum()) for k, v in ref.items() if k.startswith(g))
-                                           for g in measure._GROUPS})
+    rmse, rel = measure._errors(got, ref, _plain_ref_sq(ref))
     for key, r in ref.items():
         plain = math.sqrt(float(((got[key].double() - r) ** 2).mean()))
         assert rmse[key] == pytest.approx(plain, rel=1e-9)
@@ -36,6 +40,8 @@ def test_errors_match_a_plain_float64_computation():
     plain = math.sqrt(sum(float(((got[k].double() - ref[k]) ** 2).sum()) for k in keys)
                       / sum(float((ref[k] ** 2).sum()) for k in keys))
     assert rel["weight:"] == pytest.approx(plain, rel=1e-9)
+    for group, plain_sq in _plain_ref_sq(ref).items():  # the stored norms, computed in pieces
+        assert sum(measure._sq_error(v) for k, v in ref.items() if k.startswith(group)) == pytest.approx(plain_sq, rel=1e-9)
 
 
 def test_a_tensor_outside_its_limit_fails_by_name_and_a_close_one_passes():

@@ -314,12 +314,14 @@ def _first_step_state(config: RunConfig, device: torch.device, dtype: torch.dtyp
 _CHUNK = 1 << 18
 
 
-def _sq_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Sum of squared differences, computed in the wider of the two dtypes (float64 against
-    the reference) and summed in Python floats, one piece at a time on the CPU."""
-    a, b = a.reshape(-1), b.reshape(-1)
+def _sq_error(a: torch.Tensor, b: Optional[torch.Tensor] = None) -> float:
+    """Sum of squared differences ``a - b`` (of ``a`` itself without ``b``), computed in the
+    wider of the two dtypes (float64 against the reference) and summed in Python floats, one
+    piece at a time on the CPU."""
+    a = a.reshape(-1)
+    b = None if b is None else b.reshape(-1)
     chunk = _CHUNK if a.device.type == "cpu" else max(a.numel(), 1)
-    return sum(torch.linalg.vector_norm(a[i:i + chunk] - b[i:i + chunk]).item() ** 2
+    return sum(torch.linalg.vector_norm(a[i:i + chunk] if b is None else a[i:i + chunk] - b[i:i + chunk]).item() ** 2
                for i in range(0, a.numel(), chunk))
 
 
@@ -364,7 +366,7 @@ def reference_state(config: RunConfig, device: torch.device, cache_path: Optiona
         name += f" over the same {shards} slices (DDP's averaged gradients)"
     ref_sq = dict.fromkeys(_GROUPS, 0.0)
     for key, r in ref.items():
-        ref_sq[_group(key)] += _sq_error(r, torch.zeros_like(r))
+        ref_sq[_group(key)] += _sq_error(r)
     eager_rmse, eager_rel = _errors(eager, ref, ref_sq)
     data = {
         "name": name,
