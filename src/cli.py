@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import cnncompare
+from cnncompare.core.config import MALLOC_POLICIES
 
 EXIT_OK, EXIT_HARNESS, EXIT_USAGE = 0, 1, 2
 
@@ -93,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile-threads", type=_int_arg("--compile-threads", 1), default=1,
                    help="inductor compile workers (TORCHINDUCTOR_COMPILE_THREADS); 1 compiles in-process so its "
                    "memory counts in the cell (default: 1)")
+    p.add_argument("--malloc", choices=MALLOC_POLICIES, default="system",
+                   help="system: the C library's allocator as your own script gets it; reuse (glibc): freed CPU "
+                   "memory is kept for the next step instead of returned to the kernel, so large tensors stop "
+                   "paying page faults every step (default: system)")
     dist = p.add_argument_group("distributed (each cell a torchrun job under DistributedDataParallel)")
     dist.add_argument("--nproc", type=_int_arg("--nproc", 1), default=None, metavar="N",
                       help="ranks per node: gloo on the CPU, nccl on CUDA (one GPU per rank); batch size is per "
@@ -154,11 +159,15 @@ def _main(argv: list[str]) -> int:
             backends=tuple(backends), devices=tuple(device_parts), batch_size=args.batch_size,
             image_size=args.image_size, steps=args.steps, warmup=args.warmup, seed=args.seed,
             threads=args.threads, timeout_s=args.timeout, max_memory_mb=args.max_memory,
-            compile_cache=args.compile_cache, compile_threads=args.compile_threads, nproc=args.nproc,
+            compile_cache=args.compile_cache, compile_threads=args.compile_threads, malloc=args.malloc, nproc=args.nproc,
             nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
         )
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
+    from cnncompare.core.memory import malloc_supported
+
+    if why_not := malloc_supported(config.malloc):
+        raise UsageError(f"--malloc {config.malloc}: {why_not}")
     resumed = _load_report("--resume", args.resume) if args.resume else None
     md_path, json_path = _output_paths(args)
     csv_path = _check_writable("--csv", args.csv) if args.csv is not None else None

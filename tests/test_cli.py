@@ -32,6 +32,7 @@ def _run(capsys, *argv):
         (["--max-memory", "lots"], "--max-memory: expected a whole number"),
         (["--compile-cache", "hot"], "argument --compile-cache: invalid choice: 'hot'"),
         (["--compile-threads", "0"], "--compile-threads: must be positive"),
+        (["--malloc", "jemalloc"], "argument --malloc: invalid choice: 'jemalloc'"),
         (["--seed", "x"], "--seed: expected a whole number"),
         (["--warmup", "1.5"], "--warmup: expected a whole number"),
         (["--backends", "eager,nope"], "--backends: unknown backend 'nope'; known: all, eager, eager-fused, channels-last, jit-trace, jit-script, compile, compile-step, "),

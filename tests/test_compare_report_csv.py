@@ -65,7 +65,14 @@ def test_compare_shows_a_changed_environment(tmp_path, capsys):
     other = _run([("eager", "cpu", "ok", 1.0)], env={**ENV, "torch": "2.11.0", "cpu": "CPU B"})
     assert main(["compare", _write(tmp_path, "a.json", BASE), _write(tmp_path, "b.json", other)]) == 0
     out = capsys.readouterr().out
-    assert "environment changed" in out and "torch: '2.13.0' → '2.11.0'" in out
+    assert "environment or the workload changed" in out and "torch: '2.13.0' → '2.11.0'" in out
+
+
+def test_compare_shows_a_changed_workload(tmp_path, capsys):
+    other = _run([("eager", "cpu", "ok", 0.8)])
+    other.config["malloc"] = "reuse"  # faster because of the allocator, not the code
+    assert main(["compare", _write(tmp_path, "a.json", BASE), _write(tmp_path, "b.json", other)]) == 0
+    assert "malloc: 'system' → 'reuse'" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, fragment", [

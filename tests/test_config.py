@@ -18,6 +18,7 @@ from cnncompare.core.config import ConfigError, RunConfig, available_cores
         ("max_memory_mb", 10, "--max-memory"),
         ("batch_size", 2.5, "--batch-size"),
         ("steps", True, "--steps"),
+        ("malloc", "jemalloc", "--malloc"),
     ],
 )
 def test_invalid_values_are_refused_naming_the_option(field, value, option):

@@ -70,11 +70,14 @@ def test_results_are_streamed_after_each_cell(builtin_report):
 
 
 def test_cli_end_to_end(tmp_path):
+    from cnncompare.core.memory import malloc_supported
+
     md, js = tmp_path / "out" / "r.md", tmp_path / "out" / "r.json"
+    malloc = "reuse" if malloc_supported("reuse") is None else "system"  # the other policy runs in builtin_report
     proc = subprocess.run(
         [sys.executable, "-m", "cnncompare", "--backends", "eager", "--devices", "cpu,cuda",
          "--batch-size", "4", "--image-size", "8", "--steps", "3", "--warmup", "0", "--threads", "1",
-         "--output", str(md), "--json", str(js)],
+         "--malloc", malloc, "--output", str(md), "--json", str(js)],
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
@@ -82,7 +85,8 @@ def test_cli_end_to_end(tmp_path):
     assert "# cnncompare report" in proc.stdout
     data = json.loads(js.read_text())
     assert data["config"]["batch_size"] == 4 and data["config"]["image_size"] == 8 and data["config"]["steps"] == 3
-    assert data["interrupted"] is False
+    assert data["interrupted"] is False and data["config"]["malloc"] == malloc
+    assert ("`--malloc reuse`" in proc.stdout) == (malloc == "reuse")
     statuses = {(r["device"], r["status"]) for r in data["results"]}
     assert ("cpu", "ok") in statuses
     import torch

@@ -1,4 +1,10 @@
 import json
+import subprocess
+import sys
+
+import pytest
+
+from cnncompare.core import memory
 
 from cnncompare.core.report import md_cell, md_code, render_json, render_markdown
 from cnncompare.core.results import CellResult, Parity, RunReport, Status, StepStats
@@ -77,7 +83,7 @@ def test_interrupted_report_says_so():
 
 def test_diagnostics_show_the_os_share_of_a_step():
     eager = CellResult("eager", "cpu", Status.OK, step_s=StepStats.from_samples([1.0]), parity=_parity(),
-                       cpu_sys_s_per_step=0.531, page_faults_per_step=179266.0)
+                       cpu_user_s_per_step=1.2, cpu_sys_s_per_step=0.531, page_faults_per_step=179266.0)
     fused = CellResult("eager-fused", "cpu", Status.OK, step_s=StepStats.from_samples([0.8]), parity=_parity(),
                        cpu_sys_s_per_step=0.0012, page_faults_per_step=12.0)
     md = render_markdown(_report(eager, fused))
@@ -85,6 +91,10 @@ def test_diagnostics_show_the_os_share_of_a_step():
     row = {line.split("|")[1].strip(): line for line in md.splitlines() if line.startswith("| eager")}
     assert "179k" in row["eager"] and "0.531" in row["eager"]
     assert "| 12 " in row["eager-fused"] and "0.0012" in row["eager-fused"]
+    assert "31% of eager's CPU time is in the kernel" in md and "`--malloc reuse`" in md
+    reused = _report(eager, fused)
+    reused.config["malloc"] = "reuse"  # the hint is for runs that still pay the faults
+    assert "CPU time is in the kernel" not in render_markdown(reused)
 
 
 def test_os_usage_per_step_counts_fresh_pages():
@@ -96,3 +106,33 @@ def test_os_usage_per_step_counts_fresh_pages():
     torch.ones(64 * 1024 * 1024 // 4)  # 64 MB the kernel must map and zero
     usage = per_step_usage(before, process_usage(), 2)
     assert usage["page_faults_per_step"] > 0 and usage["cpu_user_s_per_step"] + usage["cpu_sys_s_per_step"] > 0
+
+
+_REALLOCATE = """
+import resource, sys, torch
+from cnncompare.core.memory import use_malloc
+use_malloc(sys.argv[1])
+for _ in range(8):  # the heap grows until freed blocks coalesce into one that fits the aligned request
+    torch.ones(16 * 1024 * 1024)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(4):
+    torch.ones(16 * 1024 * 1024)  # 64 MB, freed at once: above glibc's largest mmap threshold
+print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 4)
+"""
+
+
+@pytest.mark.skipif(memory.malloc_supported("reuse") is not None, reason="--malloc reuse needs glibc")
+def test_malloc_reuse_keeps_freed_memory_so_a_reallocation_costs_no_page_faults():
+    # A subprocess: mallopt changes the whole process, and pytest's must stay as users' is.
+    faults = {policy: float(subprocess.run([sys.executable, "-c", _REALLOCATE, policy], capture_output=True,
+                                           text=True, check=True).stdout)
+              for policy in ("system", "reuse")}
+    pages = 64 * 1024 * 1024 // 4096
+    assert faults["system"] > 0.9 * pages  # mapped and zeroed anew each time
+    assert faults["reuse"] < 0.05 * pages  # the freed block is handed out again
+
+
+def test_malloc_policy_is_checked():
+    with pytest.raises(ValueError, match="unknown malloc policy"):
+        memory.use_malloc("tcmalloc")
+    memory.use_malloc("system")  # the C library as it is: nothing to do

@@ -9,7 +9,7 @@ Measurement (inside each cell's child process)
 - ``child``       the child's entry point: payload in, JSON result out
 - ``forkserver``  forks each cell's child from a process that has imported torch and dynamo
 - ``measure``     one cell: timing, memory phases, parity against float64 eager
-- ``memory``      peak RSS per phase
+- ``memory``      peak RSS per phase, per-step OS costs, the `--malloc` policy
 - ``diagnostics`` what dynamo did: graphs, breaks, recompiles
 - ``roofline``    FLOPs of a step and a matmul peak to hold them against
 

@@ -10,6 +10,7 @@ from typing import Optional
 
 from tabulate import tabulate
 
+from cnncompare.core.config import workload_key
 from cnncompare.core.environment import COMPARABLE_KEYS
 from cnncompare.core.report import md_cell
 from cnncompare.core.results import RunReport, Status
@@ -59,9 +60,13 @@ def compare_runs(base: RunReport, new: RunReport) -> list[CellComparison]:
 
 
 def environment_changes(base: RunReport, new: RunReport) -> list[str]:
+    """What differs between the two runs' machines and workloads (batch, steps, ``--malloc``, ...)."""
     keys = list(dict.fromkeys([*COMPARABLE_KEYS, "platform", "nvidia_driver"]))
-    return [f"{k}: {base.environment.get(k)!r} → {new.environment.get(k)!r}"
-            for k in keys if base.environment.get(k) != new.environment.get(k)]
+    changes = [f"{k}: {base.environment.get(k)!r} → {new.environment.get(k)!r}"
+               for k in keys if base.environment.get(k) != new.environment.get(k)]
+    old_key, new_key = (workload_key(r.config) for r in (base, new))
+    return changes + [f"{k}: {old_key.get(k)!r} → {new_key.get(k)!r}"
+                      for k in dict.fromkeys([*old_key, *new_key]) if old_key.get(k) != new_key.get(k)]
 
 
 def regressions(cells: list[CellComparison], fail_above_pct: float) -> list[CellComparison]:
@@ -76,7 +81,7 @@ def render_comparison(base: RunReport, new: RunReport, cells: list[CellCompariso
            f"(> 1 is slower). *Beyond noise* = Mann-Whitney U test on the per-step samples, two-sided, p < {alpha:g}."]
     changes = environment_changes(base, new)
     if changes:
-        out += ["", "**The environment changed**, so differences may come from the machine, not the code:", ""]
+        out += ["", "**The environment or the workload changed**, so differences may come from them, not the code:", ""]
         out += [f"- {md_cell(c)}" for c in changes]
     for device in dict.fromkeys(c.device for c in cells):
         rows = []

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Optional
 
 
@@ -25,6 +25,13 @@ def available_cores() -> int:
 #: cold: each cell compiles with an empty cache. warm: each cell runs twice sharing one cache;
 #: the second (warm) run's figures are reported, with the cold compile times beside them.
 COMPILE_CACHE_MODES = ("cold", "warm")
+
+#: ``--malloc``: how the C allocator treats a cell's freed CPU memory (``memory.use_malloc``).
+#: system: the C library's defaults, what a user's own script gets. reuse: glibc keeps freed memory for the next allocation instead of handing it
+#: back to the kernel, so a step that frees and re-allocates the same large buffers stops paying a
+#: page fault (a zeroed page from the kernel) per 4 KiB of them; the effect of the jemalloc or
+#: tcmalloc preload PyTorch's CPU tuning guide recommends, with nothing to install.
+MALLOC_POLICIES = ("system", "reuse")
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,8 @@ class RunConfig:
     max_memory_mb: Optional[int] = None
     compile_cache: str = "cold"
     compile_threads: int = 1
+    #: How the C allocator treats a cell's freed CPU memory: one of MALLOC_POLICIES.
+    malloc: str = "system"
     #: None: one process per cell, no DDP. N: each cell is a torchrun job of N ranks per node
     #: under DistributedDataParallel (1 is DDP with one rank, e.g. to prove nccl on one GPU).
     nproc: Optional[int] = None
@@ -76,6 +85,8 @@ class RunConfig:
         _require_int("--compile-threads", self.compile_threads, minimum=1)
         if self.compile_cache not in COMPILE_CACHE_MODES:
             raise ConfigError("--compile-cache", f"must be one of {', '.join(COMPILE_CACHE_MODES)}, got {self.compile_cache!r}")
+        if self.malloc not in MALLOC_POLICIES:
+            raise ConfigError("--malloc", f"must be one of {', '.join(MALLOC_POLICIES)}, got {self.malloc!r}")
         if not (isinstance(self.timeout_s, (int, float)) and math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ConfigError("--timeout", f"must be a positive number of seconds, got {self.timeout_s!r}")
         if isinstance(self.lr, bool) or not (isinstance(self.lr, (int, float)) and self.lr > 0):
@@ -143,10 +154,18 @@ class RunConfig:
 
     def workload_key(self) -> dict:
         """What must match for two runs' cells to be comparable (used by --resume)."""
-        data = self.to_dict()
-        for key in ("backends", "devices", "timeout_s", "max_memory_mb", "node_rank", "rdzv_endpoint"):
-            data.pop(key)
-        return data
+        return workload_key(self.to_dict())
+
+
+#: Config keys that choose what runs, where, or how it is run, not what a cell measures.
+_SELECTION_KEYS = ("backends", "devices", "timeout_s", "max_memory_mb", "node_rank", "rdzv_endpoint")
+
+
+def workload_key(config: dict) -> dict:
+    """The comparable part of a recorded config (a report's ``config``), defaults filled in
+    for keys older reports lack. Two runs with different keys measured different things."""
+    defaults = {f.name: f.default for f in fields(RunConfig)}
+    return {k: config.get(k, defaults[k]) for k in defaults if k not in _SELECTION_KEYS}
 
 
 def _require_int(option: str, value: object, minimum: int) -> None:

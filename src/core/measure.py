@@ -33,7 +33,7 @@ from cnncompare.backends import base
 from cnncompare.core import distributed
 from cnncompare.core.config import RunConfig
 from cnncompare.core.distributed import Rank
-from cnncompare.core.memory import current_rss_mb, peak_rss_mb, per_step_usage, process_usage, reset_peak_rss
+from cnncompare.core.memory import current_rss_mb, peak_rss_mb, per_step_usage, process_usage, reset_peak_rss, use_malloc
 from cnncompare.core.results import Parity, Status
 from cnncompare.core.roofline import roofline
 from cnncompare.core.workload import build_model, make_batch, make_optimizer, make_train_step, trained_parameters
@@ -170,6 +170,7 @@ def run_cell(backend: Any, config: RunConfig, device_name: str, checkpoint: Call
 
     device = torch.device(distributed.rank_device(device_name, rank) if rank else device_name)
     torch.set_num_threads(config.resolved_threads)
+    use_malloc(config.malloc)  # before the model: the policy governs blocks allocated after it
     out: dict[str, Any] = {"status": Status.OK.value, "threads": torch.get_num_threads(), "warmup_s": []}
     cuda = device.type == "cuda"
     if cuda:

@@ -13,6 +13,8 @@ from typing import Optional
 
 import psutil
 
+from cnncompare.core.config import MALLOC_POLICIES
+
 _MB = 1024 * 1024
 
 
@@ -66,3 +68,43 @@ def per_step_usage(before: resource.struct_rusage, after: resource.struct_rusage
         "cpu_sys_s_per_step": (after.ru_stime - before.ru_stime) / n,
         "page_faults_per_step": ((after.ru_minflt - before.ru_minflt) + (after.ru_majflt - before.ru_majflt)) / n,
     }
+
+
+# mallopt(3) parameters, from glibc's <malloc.h>.
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_MAX = -4
+
+
+def malloc_supported(policy: str) -> Optional[str]:
+    """None if ``policy`` can be applied in this process's C library, else why not."""
+    if policy == "system":
+        return None
+    import platform
+
+    if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
+        return f"needs Linux with glibc (this is {sys.platform}, libc {platform.libc_ver()[0] or 'unknown'})"
+    return None
+
+
+def use_malloc(policy: str) -> None:
+    """Apply ``policy`` to this process's allocator; call before the cell allocates tensors.
+
+    ``reuse``: no allocation is served by its own ``mmap`` (above glibc's threshold, 128 KiB
+    growing to 32 MiB, each one is, and ``free`` unmaps it), and the heap's top is never
+    trimmed back to the kernel. Freed blocks stay in the process for the next step, so RSS no
+    longer falls between steps, and fragmentation of the one heap can raise the peak (the
+    report's peak RSS shows by how much).
+    Raises OSError where the C library refuses.
+    """
+    if policy not in MALLOC_POLICIES:
+        raise ValueError(f"unknown malloc policy {policy!r}; choose from {', '.join(MALLOC_POLICIES)}")
+    if why_not := malloc_supported(policy):
+        raise OSError(f"malloc policy {policy}: {why_not}")
+    if policy == "system":
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    # mallopt returns 1 on success, 0 on a refused value.
+    if not (libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)):
+        raise OSError("glibc's mallopt refused M_MMAP_MAX=0 / M_TRIM_THRESHOLD")

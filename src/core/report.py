@@ -238,7 +238,9 @@ def _run_line(report: RunReport) -> str:
         f"torch {md_cell(env.get('torch'))}, on {md_cell(env.get('cpu'))} ({env.get('threads')} threads)"
         + (f" and {md_cell(gpus)}" if gpus else "") + ". "
         f"Batch {config['batch_size']} × {config.get('in_channels', 3)} × {config['image_size']} × {config['image_size']}, "
-        f"{config['warmup']} warm-up + {config['steps']} measured steps per cell."
+        f"{config['warmup']} warm-up + {config['steps']} measured steps per cell"
+        + (f"; C allocator: `--malloc {md_cell(config['malloc'])}`" if config.get("malloc", "system") != "system" else "")
+        + "."
     )
 
 
@@ -270,7 +272,8 @@ def render_markdown(report: RunReport, charts: Optional[list[tuple[str, str]]] =
             peak = next((r.peak_gflops for r in rows if r.peak_gflops), None)
             gflop = next((r.gflop_per_step for r in rows if r.gflop_per_step), None)
             out += ["", f"Why ({md_cell(device)}): the step is {_num(gflop)} GFLOP (forward + backward); "
-                        f"an fp32 matmul probe reached {_num(peak)} GFLOP/s here.", "", diagnostics]
+                        f"an fp32 matmul probe reached {_num(peak)} GFLOP/s here.{_kernel_time_hint(rows, config)}",
+                    "", diagnostics]
         scaling = _scaling_table(rows)
         if scaling:
             out += ["", _scaling_line(device, rows), "", scaling]
@@ -281,6 +284,24 @@ def render_markdown(report: RunReport, charts: Optional[list[tuple[str, str]]] =
     if notes:
         out += ["", "## Notes", ""] + notes
     return "\n".join(out).rstrip() + "\n"
+
+
+#: Above this share of a row's CPU time in the kernel, the report points at ``--malloc reuse``.
+_KERNEL_SHARE_HINT = 0.2
+
+
+def _kernel_time_hint(rows: list[CellResult], config: dict) -> str:
+    """A sentence when page faults, not compute, are a large share of eager's step under the
+    system allocator; empty otherwise."""
+    eager = next((r for r in rows if r.backend == "eager" and r.status is Status.OK), None)
+    if config.get("malloc", "system") != "system" or eager is None or not eager.cpu_sys_s_per_step:
+        return ""
+    share = eager.cpu_sys_s_per_step / (eager.cpu_sys_s_per_step + (eager.cpu_user_s_per_step or 0))
+    if share < _KERNEL_SHARE_HINT:
+        return ""
+    return (f" {share:.0%} of eager's CPU time is in the kernel, mostly page faults: freed tensors go back to "
+            "the OS and come back as fresh zeroed pages every step. `--malloc reuse` keeps them in the process "
+            "(the same for every backend); run with it to see the step without that cost.")
 
 
 def _notes(report: RunReport) -> list[str]:
