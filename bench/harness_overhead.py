@@ -13,6 +13,8 @@ two runs. Prints a markdown table and writes JSON; figures go into README.
 
     python bench/harness_overhead.py                   # the seed config (batch 128, 28x28)
     python bench/harness_overhead.py --batch-size 4 --image-size 8 --steps 5   # a smoke run
+    python bench/harness_overhead.py --malloc reuse    # all three with freed memory kept (glibc):
+                                                       # without page faults the noise floor drops
 
 Goals: cnncompare's median within 2 % of the bare loop's; fixed overhead per
 cell (process start, imports, everything but the steps) under 2 s.
@@ -31,9 +33,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from cnncompare.core.config import RunConfig
+from cnncompare.core.config import MALLOC_POLICIES, RunConfig
 from cnncompare.core.devices import DeviceSlot
 from cnncompare.core.environment import capture
+from cnncompare.core.memory import use_malloc
 from cnncompare.core.orchestrate import run_cell
 from cnncompare.core.workload import build_model, make_batch, make_optimizer, make_train_step
 from cnncompare.plugins import load_registry
@@ -81,10 +84,18 @@ def main() -> int:
     p.add_argument("--image-size", type=int, default=28)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "harness-overhead.json")
+    p.add_argument("--malloc", choices=MALLOC_POLICIES, default="system",
+                   help="the allocator policy of all three (this process and the cell), as cnncompare --malloc")
+    p.add_argument("--json", type=Path, default=None,
+                   help="default: results/harness-overhead.json, or harness-overhead-malloc-<policy>.json")
     args = p.parse_args()
-    config = RunConfig(batch_size=args.batch_size, image_size=args.image_size, steps=args.steps, warmup=args.warmup)
+    if args.json is None:
+        suffix = "" if args.malloc == "system" else f"-malloc-{args.malloc}"
+        args.json = Path(__file__).parent / "results" / f"harness-overhead{suffix}.json"
+    config = RunConfig(batch_size=args.batch_size, image_size=args.image_size, steps=args.steps, warmup=args.warmup,
+                       malloc=args.malloc)
     torch.set_num_threads(config.resolved_threads)
+    use_malloc(config.malloc)  # before the first tensor, as a cell does
 
     bare_first = bare_loop(config)
     timer = torch_timer(config)
@@ -121,7 +132,8 @@ def main() -> int:
         "fresh_interpreter_import_s": imports,
     }
     print(f"Harness overhead, batch {config.batch_size}, {config.image_size}x{config.image_size}, "
-          f"{config.steps} steps, {config.resolved_threads} threads, torch {torch.__version__}\n")
+          f"{config.steps} steps, {config.resolved_threads} threads, --malloc {config.malloc}, "
+          f"torch {torch.__version__}\n")
     print("| timed by | median s/step | ÷ bare loop |\n|---|---|---|")
     for name, median in medians.items():
         print(f"| {name} | {median:.4f} | {result['ratio_to_bare'][name]:.3f} |")

@@ -31,3 +31,12 @@ def test_every_optional_member_is_documented_in_the_guide_and_the_protocol():
         assert f"``{member}" in base.Backend.__doc__, member
     for helper in helpers:
         assert hasattr(base, helper)
+
+
+def test_every_command_line_flag_is_in_the_readme_synopsis():
+    from cnncompare.cli import build_parser
+
+    readme = (ROOT / "README.md").read_text()
+    synopsis = readme[readme.index("## Command line"):readme.index("- Defaults:")]
+    flags = {s for a in build_parser()._actions for s in a.option_strings if s.startswith("--")}
+    assert flags and not {f for f in flags if f"[{f}" not in synopsis and f" {f} " not in synopsis}

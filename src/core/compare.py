@@ -66,7 +66,8 @@ def environment_changes(base: RunReport, new: RunReport) -> list[str]:
                for k in keys if base.environment.get(k) != new.environment.get(k)]
     old_key, new_key = (workload_key(r.config) for r in (base, new))
     return changes + [f"{k}: {old_key.get(k)!r} → {new_key.get(k)!r}"
-                      for k in dict.fromkeys([*old_key, *new_key]) if old_key.get(k) != new_key.get(k)]
+                      for k in dict.fromkeys([*old_key, *new_key])
+                      if k not in keys and old_key.get(k) != new_key.get(k)]
 
 
 def regressions(cells: list[CellComparison], fail_above_pct: float) -> list[CellComparison]:

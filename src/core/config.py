@@ -27,10 +27,11 @@ def available_cores() -> int:
 COMPILE_CACHE_MODES = ("cold", "warm")
 
 #: ``--malloc``: how the C allocator treats a cell's freed CPU memory (``memory.use_malloc``).
-#: system: the C library's defaults, what a user's own script gets. reuse: glibc keeps freed memory for the next allocation instead of handing it
-#: back to the kernel, so a step that frees and re-allocates the same large buffers stops paying a
-#: page fault (a zeroed page from the kernel) per 4 KiB of them; the effect of the jemalloc or
-#: tcmalloc preload PyTorch's CPU tuning guide recommends, with nothing to install.
+#: system: the C library's defaults, what a user's own script gets. reuse: glibc keeps freed
+#: memory for the next allocation instead of handing it back to the kernel, so a step that frees
+#: and re-allocates the same large buffers stops paying a page fault (a zeroed page from the
+#: kernel) per 4 KiB of them; the effect of the jemalloc or tcmalloc preload PyTorch's CPU tuning
+#: guide recommends, with nothing to install.
 MALLOC_POLICIES = ("system", "reuse")
 
 

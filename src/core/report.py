@@ -218,6 +218,7 @@ HOW_TO_READ = """\
   threads of the cell's process). A page fault maps a fresh page the kernel must zero: tensors
   larger than glibc's mmap threshold are mapped anew each step, so a step that frees and
   re-allocates hundreds of MB (eager's for-loop Adam, a `.grad` freed by `zero_grad`) pays here.
+  `--malloc reuse` keeps freed memory in the process; the header says when a run used it.
 - **dynamo graphs / breaks / recompiles**: what `torch.compile` captured during the measured
   steps; a break or a recompile costs speed. "fell back to eager" means dynamo gave up.
 - **scaling efficiency** (with `--nproc`): global images/s ÷ (ranks × single-process images/s);
