@@ -136,3 +136,11 @@ def test_malloc_policy_is_checked():
     with pytest.raises(ValueError, match="unknown malloc policy"):
         memory.use_malloc("tcmalloc")
     memory.use_malloc("system")  # the C library as it is: nothing to do
+
+
+def test_summary_says_one_step_in_the_singular():
+    eager = CellResult("eager", "cpu", Status.OK, compile_s=0.0, first_step_s=1.0,
+                       step_s=StepStats.from_samples([1.0, 1.0, 1.0]), parity=_parity())
+    quick = CellResult("quick", "cpu", Status.OK, compile_s=0.2, first_step_s=0.5,
+                       step_s=StepStats.from_samples([0.5, 0.5, 0.5]), parity=_parity())
+    assert "repaid after 1 training step." in render_markdown(_report(eager, quick))

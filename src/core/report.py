@@ -172,8 +172,8 @@ def _summary_line(device: str, results: list[CellResult]) -> str:
     text += f", {best.speedup_vs_eager:.2f}x eager"
     if best.break_even_steps == 0:
         text += ", with no extra up-front cost"
-    elif best.break_even_steps is not None:
-        text += f"; its extra compile cost is repaid after {best.break_even_steps} training steps"
+    elif (steps := best.break_even_steps) is not None:
+        text += f"; its extra compile cost is repaid after {steps} training step{'' if steps == 1 else 's'}"
     if best.step_s.q3 >= eager.step_s.q1:
         text += " (its quartiles overlap eager's: within the noise, rerun before trusting it)"
     elif best.step_s.relative_spread > 0.1 or eager.step_s.relative_spread > 0.1:
