@@ -43,8 +43,9 @@ class DynamoWatch:
     def _on_start(self, args: Any) -> None:
         self.compile_ids.append(str(getattr(args, "compile_id", args)))
 
-    def report(self) -> Optional[dict]:
-        """None when dynamo never ran in this cell (eager, TorchScript, …)."""
+    def report(self, cuda_index: Optional[int] = None) -> Optional[dict]:
+        """None when dynamo never ran in this cell (eager, TorchScript, …). ``cuda_index``:
+        the cell's CUDA device, whose CUDA-graph trees are counted."""
         if "torch._dynamo" not in sys.modules:
             return None
         from torch._dynamo.utils import counters
@@ -70,10 +71,32 @@ class DynamoWatch:
                               for reason, n in sorted(breaks.items(), key=lambda kv: -kv[1])[:5]],
             "warnings": self.fallback_messages[:5],
         }
-        if "torch._inductor" in sys.modules:
-            skips = int(counters["inductor"].get("cudagraph_skips", 0))
-            result["cudagraph_skips"] = skips
+        if "torch._inductor" in sys.modules and cuda_index is not None:
+            # Whether CUDA graphs were really used: a mode that asks for them can still skip
+            # them (CPU tensors, mutated inputs, dynamic shapes), and inductor only counts skips.
+            result["cudagraph_skips"] = int(counters["inductor"].get("cudagraph_skips", 0))
+            result["cudagraphs_recorded"] = cudagraphs_recorded(cuda_index)
         return result
+
+
+def cudagraphs_recorded(device_index: int) -> Optional[int]:
+    """CUDA graphs inductor's CUDA-graph trees recorded on this device in this process (0 when
+    none were); None where this torch's private tree API differs."""
+    try:
+        from torch._inductor import cudagraph_trees
+
+        manager = cudagraph_trees.get_manager(device_index, create_if_none_exists=False)
+        if manager is None:
+            return 0
+        nodes, count = list(manager.get_roots()), 0
+        while nodes:
+            node = nodes.pop()
+            count += 1
+            for children in node.children.values():
+                nodes.extend(children)
+        return count
+    except Exception:
+        return None
 
 
 def _frame_compile_index(compile_id: str) -> int:

@@ -173,8 +173,10 @@ def run_cell(backend: Any, config: RunConfig, device_name: str, checkpoint: Call
     use_malloc(config.malloc)  # before the model: the policy governs blocks allocated after it
     out: dict[str, Any] = {"status": Status.OK.value, "threads": torch.get_num_threads(), "warmup_s": []}
     cuda = device.type == "cuda"
+    cuda_index = None
     if cuda:
         torch.cuda.set_device(device)
+        cuda_index = torch.cuda.current_device()
     out["rss_baseline_mb"] = current_rss_mb()
     warmup = max(config.warmup, base.min_warmup(backend))
     snapshot = os.path.join(cell_dir, "first-step.pt")  # under DDP only global rank 0 writes it (its parity)
@@ -223,9 +225,9 @@ def run_cell(backend: Any, config: RunConfig, device_name: str, checkpoint: Call
             out["cuda_peak_reserved_mb"] = max(out["cuda_peak_reserved_first_step_mb"], torch.cuda.max_memory_reserved(device) / _MB)
     except Exception as exc:
         out.update(status=classify(exc, phase).value, **error_fields(exc, phase))
-        out["dynamo"] = watch.report()
+        out["dynamo"] = watch.report(cuda_index)
         return out
-    out["dynamo"] = watch.report()
+    out["dynamo"] = watch.report(cuda_index)
 
     bad = [i for i, value in enumerate(torch.stack([l.float() for l in losses]).tolist()) if not math.isfinite(value)]
     if bad:

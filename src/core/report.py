@@ -99,6 +99,9 @@ def _diagnostics_table(results: list[CellResult]) -> Optional[str]:
         if d:
             recompiles = "?" if d.get("recompiles") is None else d["recompiles"]
             dyn = f"{d.get('graphs')} / {d.get('graph_breaks')} / {recompiles}" + (" fell back to eager" if d.get("fell_back_to_eager") else "")
+            if "cudagraphs_recorded" in d:
+                recorded = "?" if d["cudagraphs_recorded"] is None else d["cudagraphs_recorded"]
+                dyn += f"; CUDA graphs {recorded} recorded, {d.get('cudagraph_skips', 0)} skipped"
         cache = r.compile_cache or "–"
         if r.cold_compile_s is not None:
             cache += f" (cold: compile {_num(r.cold_compile_s)} s, first step {_num(r.cold_first_step_s)} s)"
@@ -220,7 +223,8 @@ HOW_TO_READ = """\
   re-allocates hundreds of MB (eager's for-loop Adam, a `.grad` freed by `zero_grad`) pays here.
   `--malloc reuse` keeps freed memory in the process; the header says when a run used it.
 - **dynamo graphs / breaks / recompiles**: what `torch.compile` captured during the measured
-  steps; a break or a recompile costs speed. "fell back to eager" means dynamo gave up.
+  steps; a break or a recompile costs speed. "fell back to eager" means dynamo gave up. On CUDA:
+  the CUDA graphs inductor recorded and skipped (a CUDA-graph mode with 0 recorded ran without).
 - **scaling efficiency** (with `--nproc`): global images/s ÷ (ranks × single-process images/s);
   **ranks identical**: every rank's weights after the first step equal rank 0's, bit for bit.
 - **parity**: the backend's timed first training step (loss, every gradient, every updated weight)
