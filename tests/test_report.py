@@ -95,6 +95,9 @@ def test_diagnostics_show_the_os_share_of_a_step():
     reused = _report(eager, fused)
     reused.config["malloc"] = "reuse"  # the hint is for runs that still pay the faults
     assert "CPU time is in the kernel" not in render_markdown(reused)
+    on_gpu = CellResult("eager", "cuda:0", Status.OK, step_s=StepStats.from_samples([0.01]), parity=_parity(),
+                        cpu_user_s_per_step=0.01, cpu_sys_s_per_step=0.01)
+    assert "CPU time is in the kernel" not in render_markdown(_report(on_gpu))  # the driver's, not faults
 
 
 def test_os_usage_per_step_counts_fresh_pages():

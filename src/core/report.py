@@ -296,9 +296,9 @@ _KERNEL_SHARE_HINT = 0.2
 
 
 def _kernel_time_hint(rows: list[CellResult], config: dict) -> str:
-    """A sentence when page faults, not compute, are a large share of eager's step under the
-    system allocator; empty otherwise."""
-    eager = next((r for r in rows if r.backend == "eager" and r.status is Status.OK), None)
+    """A sentence when page faults, not compute, are a large share of eager's CPU step under the
+    system allocator; empty otherwise (and on accelerators, whose host kernel time is the driver's)."""
+    eager = next((r for r in rows if r.backend == "eager" and r.status is Status.OK and r.device == "cpu"), None)
     if config.get("malloc", "system") != "system" or eager is None or not eager.cpu_sys_s_per_step:
         return ""
     share = eager.cpu_sys_s_per_step / (eager.cpu_sys_s_per_step + (eager.cpu_user_s_per_step or 0))
