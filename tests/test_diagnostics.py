@@ -7,6 +7,9 @@ from cnncompare.core import diagnostics
 from cnncompare.core.report import render_markdown
 from cnncompare.core.results import CellResult, RunReport, Status, StepStats
 
+# Importing torch._inductor imports TorchScript pieces that warn of their deprecation.
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
 
 def _node(*children):
     return SimpleNamespace(children={"f": list(children)} if children else {})
