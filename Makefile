@@ -28,7 +28,10 @@ $(BIN)/.installed: pyproject.toml plugins/cnncompare-amp/pyproject.toml Makefile
 report: $(BIN)/.installed
 	$(BIN)/cnncompare $(ARGS)
 
+# Lint and type-check first (seconds), then the suite.
 test: $(BIN)/.installed
+	$(BIN)/ruff check src tests plugins bench
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 clean-venv:

@@ -31,21 +31,22 @@ import time
 from pathlib import Path
 
 import torch
-from torch import nn
 
-from cnncompare.core.config import MALLOC_POLICIES, RunConfig
-from cnncompare.core.devices import DeviceSlot
-from cnncompare.core.environment import capture
-from cnncompare.core.memory import use_malloc
-from cnncompare.core.orchestrate import run_cell
-from cnncompare.core.workload import build_model, make_batch, make_optimizer, make_train_step
+from cnncompare.core.cell.memory import use_malloc
+from cnncompare.core.cell.training import Job, make_optimizer, make_train_step
+from cnncompare.core.config import MALLOC_POLICIES, RunConfig, WorkloadSpec
+from cnncompare.core.run.devices import DeviceSlot
+from cnncompare.core.run.environment import capture
+from cnncompare.core.run.orchestrate import run_cell
 from cnncompare.plugins import load_registry
+from cnncompare.workloads.seed_cnn import SeedCNNWorkload
 
 
 def _step(config: RunConfig):
-    model = build_model(config, torch.device("cpu"))
-    x, y = make_batch(config, torch.device("cpu"))
-    return make_train_step(model, make_optimizer(model.parameters(), config), nn.NLLLoss()), x, y
+    job = Job(SeedCNNWorkload(), config)
+    model = job.build_model(torch.device("cpu"))
+    x, y = job.make_batch(torch.device("cpu"))
+    return make_train_step(model, make_optimizer(model.parameters(), config.lr), job.loss), x, y
 
 
 def bare_loop(config: RunConfig) -> list[float]:
@@ -73,8 +74,8 @@ def torch_timer(config: RunConfig) -> list[float]:
 def import_seconds() -> float:
     """What the fork server saves each cell: a fresh interpreter importing what a cell imports."""
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import cnncompare.core.child, cnncompare.core.measure, "
-                    "cnncompare.core.diagnostics, torch._dynamo"], check=True)
+    subprocess.run([sys.executable, "-c", "import cnncompare.core.cell.main, cnncompare.core.cell.measure, "
+                    "torch._dynamo"], check=True)
     return time.perf_counter() - start
 
 
@@ -92,7 +93,8 @@ def main() -> int:
     if args.json is None:
         suffix = "" if args.malloc == "system" else f"-malloc-{args.malloc}"
         args.json = Path(__file__).parent / "results" / f"harness-overhead{suffix}.json"
-    config = RunConfig(batch_size=args.batch_size, image_size=args.image_size, steps=args.steps, warmup=args.warmup,
+    workload = WorkloadSpec("seed-cnn", {"image_size": args.image_size}, "image")
+    config = RunConfig(batch_size=args.batch_size, workload=workload, steps=args.steps, warmup=args.warmup,
                        malloc=args.malloc)
     torch.set_num_threads(config.resolved_threads)
     use_malloc(config.malloc)  # before the first tensor, as a cell does
@@ -131,7 +133,7 @@ def main() -> int:
         "first_cell_overhead_s": first.wall_s - in_steps_s(first),
         "fresh_interpreter_import_s": imports,
     }
-    print(f"Harness overhead, batch {config.batch_size}, {config.image_size}x{config.image_size}, "
+    print(f"Harness overhead, batch {config.batch_size}, {args.image_size}x{args.image_size}, "
           f"{config.steps} steps, {config.resolved_threads} threads, --malloc {config.malloc}, "
           f"torch {torch.__version__}\n")
     print("| timed by | median s/step | ÷ bare loop |\n|---|---|---|")

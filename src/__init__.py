@@ -1,13 +1,22 @@
 """cnncompare: compare PyTorch compilation backends on one training step.
 
-Plugin authors need two names from here:
+Plugin authors need these names from here:
 
 - ``cnncompare.hookimpl``: the marker for hook implementations.
 - ``cnncompare.Backend``: the protocol a backend object follows (``name`` and
   ``compile`` are required; every other member is optional, see
   ``cnncompare.backends.base``).
+- ``cnncompare.Workload``: the protocol a workload object follows (see
+  ``cnncompare.workloads.base``).
+
+The package's map: ``cli`` (the command line) -> ``core/run`` (the parent:
+plan, launch, supervise) -> ``core/cell`` (inside each cell's child:
+measure) -> ``core/records`` (what crosses back) -> ``core/stats`` ->
+``core/report``. Backends live in ``backends/``, workloads in
+``workloads/``, the plugin contract in ``hookspecs`` and ``plugins``.
 """
-from importlib.metadata import PackageNotFoundError, version as _version
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
 
 import pluggy
 
@@ -21,6 +30,7 @@ try:
 except PackageNotFoundError:  # running from a checkout that was never installed
     __version__ = "0.0.0+unknown"
 
-from cnncompare.backends.base import Backend  # noqa: E402  (needs PROJECT_NAME first)
+from .backends.base import Backend  # noqa: E402  (needs PROJECT_NAME first)
+from .workloads.base import Workload  # noqa: E402
 
-__all__ = ["Backend", "PROJECT_NAME", "__version__", "hookimpl"]
+__all__ = ["Backend", "PROJECT_NAME", "Workload", "__version__", "hookimpl"]

@@ -14,13 +14,17 @@ import os
 import signal
 import sys
 import traceback
+import typing
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
-import cnncompare
-from cnncompare.core.config import MALLOC_POLICIES
+from . import __version__
+from .core.config import DEFAULT_WORKLOAD, ConfigError, RunConfig, WorkloadSpec, flagged_fields
 
 EXIT_OK, EXIT_HARNESS, EXIT_USAGE = 0, 1, 2
+
+#: Workload options with a flag of their own (the seed study's); others come with the workload.
+WORKLOAD_OPTION_FLAGS = {"image_size": "--image-size"}
 
 
 class UsageError(Exception):
@@ -28,32 +32,29 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one clear line, no usage dump
+    def error(self, message: str) -> typing.NoReturn:  # one clear line, no usage dump
         raise UsageError(message)
 
 
-def _int_arg(option: str, minimum: int):
-    def parse(text: str) -> int:
+def _number(option: str, kind: type) -> Callable[[str], Any]:
+    """Text to ``kind`` (int or a finite-or-not float) for ``option``; bounds are the config's to check."""
+    noun = "a whole number" if kind is int else "a number"
+
+    def parse(text: str) -> Any:
         try:
-            value = int(text)
+            return kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{option}: expected a whole number, got {text!r}") from None
-        if value < minimum:
-            what = "positive" if minimum == 1 else f"at least {minimum}"
-            raise argparse.ArgumentTypeError(f"{option}: must be {what}, got {value}")
-        return value
+            raise argparse.ArgumentTypeError(f"{option}: expected {noun}, got {text!r}") from None
 
     return parse
 
 
-def _float_arg(option: str, noun: str, valid, requirement: str):
-    """A finite float for ``option``; ``valid(value)`` else 'must be <requirement>'."""
+def _bounded_float(option: str, valid: Callable[[float], bool], requirement: str) -> Callable[[str], float]:
+    """A finite float for ``option`` of the commands outside a run's config (compare's gates)."""
+    to_float = _number(option, float)
 
     def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{option}: expected {noun}, got {text!r}") from None
+        value = to_float(text)
         if not (math.isfinite(value) and valid(value)):
             raise argparse.ArgumentTypeError(f"{option}: must be {requirement}, got {text}")
         return value
@@ -61,15 +62,18 @@ def _float_arg(option: str, noun: str, valid, requirement: str):
     return parse
 
 
-_seconds_arg = _float_arg("--timeout", "a number of seconds", lambda v: v > 0, "a positive number of seconds")
-_percent_arg = _float_arg("--fail-above", "a percentage", lambda v: v >= 0, "a percentage >= 0")
-_alpha_arg = _float_arg("--alpha", "a number", lambda v: 0 < v < 1, "between 0 and 1")
+def _field_type(annotation: Any) -> type:
+    """int, float or str from a config field's type (``Optional[int]`` is int)."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return args[0] if args else annotation
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line: the run's options come from ``RunConfig``'s fields (flag, help,
+    default, choices), the rest choose what runs and where the report goes."""
     p = _Parser(
         prog="cnncompare",
-        description="Compare PyTorch compilation backends on one CNN training step: "
+        description="Compare PyTorch compilation backends on one training step of a workload: "
         "time, compile cost, memory and correctness, each cell in its own process.",
         epilog="Other commands: 'cnncompare plugins' lists loaded plugins; 'cnncompare compare BASE.json NEW.json' "
         "compares two runs; 'cnncompare report A.json B.json ...' merges runs into one report. "
@@ -79,41 +83,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backends", default="all",
                    help="'all' (the curated set), or a comma list of names and patterns, e.g. all,dynamo:* (default: all)")
     p.add_argument("--devices", default="all", help="'all' (cpu + every CUDA GPU + mps), or a comma list of cpu, cuda, cuda:N, mps (default: all)")
-    p.add_argument("--batch-size", type=_int_arg("--batch-size", 1), default=128, help="images per step (default: 128)")
-    p.add_argument("--image-size", type=_int_arg("--image-size", 1), default=28, help="square image side in pixels (default: 28)")
-    p.add_argument("--steps", type=_int_arg("--steps", 1), default=20, help="measured steps per cell (default: 20)")
-    p.add_argument("--warmup", type=_int_arg("--warmup", 0), default=3, help="warm-up steps; a backend may ask for more (default: 3)")
-    p.add_argument("--seed", type=_int_arg("--seed", 0), default=0, help="seed for weights and data (default: 0)")
-    p.add_argument("--threads", type=_int_arg("--threads", 1), default=None, help="torch CPU threads (default: every available core)")
-    p.add_argument("--timeout", type=_seconds_arg, default=600.0, help="seconds per cell before its processes are killed (default: 600)")
-    p.add_argument("--max-memory", type=_int_arg("--max-memory", 64), default=None, metavar="MB",
-                   help="kill a cell whose processes exceed this RSS, reported as oom (default: no cap)")
-    p.add_argument("--compile-cache", choices=("cold", "warm"), default="cold",
-                   help="cold: every cell compiles from an empty cache; warm: each cell runs twice sharing its cache, "
-                   "reporting the warm run with the cold compile times beside it (default: cold)")
-    p.add_argument("--compile-threads", type=_int_arg("--compile-threads", 1), default=1,
-                   help="inductor compile workers (TORCHINDUCTOR_COMPILE_THREADS); 1 compiles in-process so its "
-                   "memory counts in the cell (default: 1)")
-    p.add_argument("--malloc", choices=MALLOC_POLICIES, default="system",
-                   help="system: the C library's allocator as your own script gets it; reuse (glibc): freed CPU "
-                   "memory is kept for the next step instead of returned to the kernel, so large tensors stop "
-                   "paying page faults every step (default: system)")
-    dist = p.add_argument_group("distributed (each cell a torchrun job under DistributedDataParallel)")
-    dist.add_argument("--nproc", type=_int_arg("--nproc", 1), default=None, metavar="N",
-                      help="ranks per node: gloo on the CPU, nccl on CUDA (one GPU per rank); batch size is per "
-                      "rank (weak scaling); CPU threads per rank = cores / N unless --threads (default: one process, no DDP)")
-    dist.add_argument("--nnodes", type=_int_arg("--nnodes", 1), default=1, help="nodes in the job; run the same command "
-                      "on each with its --node-rank (default: 1)")
-    dist.add_argument("--node-rank", type=_int_arg("--node-rank", 0), default=0, help="this node's rank (default: 0)")
-    dist.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
-                      help="torchrun's c10d rendezvous, the same on every node (default: --standalone on one node)")
+    p.add_argument("--workload", default=DEFAULT_WORKLOAD, metavar="NAME",
+                   help=f"what every backend trains; --list shows them (default: {DEFAULT_WORKLOAD})")
+    p.add_argument("--image-size", type=_number("--image-size", int), default=None, metavar="N",
+                   help="square image side in pixels, for a workload with an image_size option (default: the "
+                   "workload's, 28 for seed-cnn)")
+    hints = typing.get_type_hints(RunConfig)
+    groups: dict[str, Any] = {}
+    for f in flagged_fields():
+        meta = f.metadata
+        target = p if meta["group"] is None else groups.setdefault(meta["group"], p.add_argument_group(meta["group"]))
+        shown = meta["shown_default"] or f.default
+        kwargs: dict[str, Any] = dict(dest=f.name, default=f.default,
+                                      metavar=meta["metavar"] or meta["flag"][2:].upper().replace("-", "_"),
+                                      help=f"{meta['help']} (default: {shown})")
+        if meta["choices"]:
+            kwargs.update(choices=meta["choices"], metavar=None)
+        elif (kind := _field_type(hints[f.name])) in (int, float):
+            kwargs["type"] = _number(meta["flag"], kind)
+        target.add_argument(meta["flag"], **kwargs)
     p.add_argument("--output", type=Path, default=None, help="markdown report path (default: reports/cnncompare-<timestamp>.md)")
     p.add_argument("--json", type=Path, default=None, help="JSON report path (default: beside the markdown, .json)")
     p.add_argument("--csv", type=Path, default=None, help="also write one CSV row per result (JSON key names as headers)")
     p.add_argument("--resume", type=Path, default=None, metavar="PATH.json",
                    help="continue an interrupted run: keep its finished cells, run the rest (same options required)")
-    p.add_argument("--list", action="store_true", help="list backends, their plugins and availability per device, then exit")
-    p.add_argument("--version", action="version", version=f"cnncompare {cnncompare.__version__}")
+    p.add_argument("--list", action="store_true", help="list backends and workloads, their plugins and availability "
+                   "per device, then exit")
+    p.add_argument("--version", action="version", version=f"cnncompare {__version__}")
     return p
 
 
@@ -131,43 +127,30 @@ def _main(argv: list[str]) -> int:
         return commands[argv[0]](argv[1:])
     args = build_parser().parse_args(argv)
 
-    from cnncompare.core import devices as devmod
-    from cnncompare.plugins import PluginError, load_registry
+    from .core.run import devices as devmod
 
     try:
         device_parts = devmod.parse_devices(args.devices)
     except devmod.DeviceError as exc:
         raise UsageError(f"--devices: {exc}") from None
-    try:
-        registry = load_registry()
-    except PluginError as exc:
-        raise UsageError(str(exc)) from None
+    registry = _registry()
     for warning in registry.warnings:
         print(f"cnncompare: warning: {warning}", file=sys.stderr)
     for plugin in registry.broken:
         print(f"cnncompare: warning: plugin {plugin.name!r} not loaded: {plugin.error}", file=sys.stderr)
 
     if args.list:
-        print(render_backend_list(registry, devmod.resolve_devices(device_parts)))
+        print(render_list(registry, devmod.resolve_devices(device_parts)))
         return EXIT_OK
 
     backends = _select_backends(args.backends, registry)
-    from cnncompare.core.config import ConfigError, RunConfig
-
+    workload = _select_workload(args, registry)
     try:
-        config = RunConfig(
-            backends=tuple(backends), devices=tuple(device_parts), batch_size=args.batch_size,
-            image_size=args.image_size, steps=args.steps, warmup=args.warmup, seed=args.seed,
-            threads=args.threads, timeout_s=args.timeout, max_memory_mb=args.max_memory,
-            compile_cache=args.compile_cache, compile_threads=args.compile_threads, malloc=args.malloc, nproc=args.nproc,
-            nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
-        )
+        config = RunConfig(backends=tuple(backends), devices=tuple(device_parts), workload=workload,
+                           **{f.name: getattr(args, f.name) for f in flagged_fields()})
+        config.check_here()
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
-    from cnncompare.core.memory import malloc_supported
-
-    if why_not := malloc_supported(config.malloc):
-        raise UsageError(f"--malloc {config.malloc}: {why_not}")
     resumed = _load_report("--resume", args.resume) if args.resume else None
     md_path, json_path = _output_paths(args)
     csv_path = _check_writable("--csv", args.csv) if args.csv is not None else None
@@ -176,11 +159,20 @@ def _main(argv: list[str]) -> int:
     return run(config, registry, devmod.resolve_devices(device_parts), md_path, json_path, resumed, csv_path)
 
 
+def _registry():
+    from .plugins import PluginError, load_registry
+
+    try:
+        return load_registry()
+    except PluginError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _select_backends(spec: str, registry) -> list[str]:
     """``all`` is every backend whose ``in_all`` is true; other items are names or globs (``dynamo:*``)."""
     from fnmatch import fnmatchcase
 
-    from cnncompare.backends import base
+    from .backends import base
 
     names = [part.strip() for part in spec.split(",") if part.strip()]
     if not names:
@@ -201,7 +193,7 @@ def _known_backends(registry) -> str:
     """'known: all, a, b; outside all: dynamo:* (13)' (every curated name, the rest by prefix)."""
     from collections import Counter
 
-    from cnncompare.backends import base
+    from .backends import base
 
     curated = [n for n, b in registry.backends.items() if base.in_all(b)]
     groups = Counter(n.split(":", 1)[0] + ":*" if ":" in n else n
@@ -213,24 +205,55 @@ def _known_backends(registry) -> str:
     return text
 
 
+def _select_workload(args: argparse.Namespace, registry) -> WorkloadSpec:
+    """The workload named by ``--workload``, its options given on the command line checked and
+    the rest filled with its defaults."""
+    from .workloads.base import OptionError, resolve_options
+
+    workload = registry.workloads.get(args.workload)
+    if workload is None:
+        raise UsageError(f"--workload: unknown workload {args.workload!r}; known: {', '.join(registry.workloads)}")
+    given = {"image_size": args.image_size} if args.image_size is not None else {}
+    try:
+        options = resolve_options(workload, given)
+    except OptionError as exc:
+        label = WORKLOAD_OPTION_FLAGS.get(exc.key)
+        raise UsageError(f"{label}: {exc.message}" if label else f"--workload {args.workload}: {exc}") from None
+    return WorkloadSpec(workload.name, options, workload.sample_unit)
+
+
 def _check_writable(option: str, path: Path) -> Path:
+    """``path`` as a file this run can write, its folder created; else one line and exit 2.
+
+    Only writing tells (a read-only or virtual filesystem answers permission
+    checks and still refuses), so the folder is made and a new file is
+    created and removed here, before any cell runs.
+    """
     path = path.expanduser()
     if path.is_dir():
         raise UsageError(f"{option}: {str(path)!r} is a directory, expected a file path")
-    parent = path.parent
-    existing = parent
+    existing = path.parent
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
         raise UsageError(f"{option}: can't write {str(path)!r}: {str(existing)!r} is not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise UsageError(f"{option}: can't write {str(path)!r}: permission denied")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            with open(path, "r+b"):
+                pass
+        else:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            os.unlink(path)
+    except OSError as exc:
+        reason = "permission denied" if isinstance(exc, PermissionError) else (exc.strerror or str(exc)).lower()
+        raise UsageError(f"{option}: can't write {str(path)!r}: {reason}") from None
     return path
 
 
 def _output_paths(args: argparse.Namespace) -> tuple[Path, Path]:
     if args.output is not None:
-        md_path = _check_writable("--output", args.output)
+        md_path = args.output
     elif args.resume is not None:
         md_path = args.resume.with_suffix(".md")
     else:
@@ -244,45 +267,28 @@ def _output_paths(args: argparse.Namespace) -> tuple[Path, Path]:
     return md_path, json_path
 
 
-def _check_resumable(resumed, config, environment: dict) -> None:
-    from cnncompare.core.config import RunConfig
-    from cnncompare.core.environment import COMPARABLE_KEYS
-
-    old = RunConfig.from_dict(resumed.config).workload_key()
-    new = config.workload_key()
-    changed = [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in new if old.get(k) != new.get(k)]
-    changed += [
-        f"environment {k} {resumed.environment.get(k)!r} -> {environment.get(k)!r}"
-        for k in COMPARABLE_KEYS if resumed.environment.get(k) != environment.get(k)
-    ]
-    if changed:
-        raise UsageError("--resume: refused, the run differs from the one being resumed: " + "; ".join(changed))
-
-
-def run(config, registry, slots, md_path: Path, json_path: Path, resumed=None, csv_path: Optional[Path] = None) -> int:
-    from cnncompare.core import environment as envmod
-    from cnncompare.core.charts import write_charts
-    from cnncompare.core.fileio import write_atomic
-    from cnncompare.core.orchestrate import Interrupted, plan_cells, run_cells
-    from cnncompare.core.progress import for_stream
-    from cnncompare.core.report import render_csv, render_json, render_markdown
-    from cnncompare.core.results import RunReport
+def run(config: RunConfig, registry, slots, md_path: Path, json_path: Path, resumed=None,
+        csv_path: Optional[Path] = None) -> int:
+    from .core.fileio import write_atomic
+    from .core.report.charts import write_charts
+    from .core.report.data import render_csv, render_json
+    from .core.report.markdown import render_markdown
+    from .core.results import RunReport, differences
+    from .core.run import environment as envmod
+    from .core.run.orchestrate import Interrupted, plan_cells, run_cells
+    from .core.run.progress import for_stream
 
     environment = envmod.capture(config.resolved_threads)
+    report = RunReport(environment=environment, config=config, started_at=environment["date"])
     if resumed is not None:
-        _check_resumable(resumed, config, environment)
+        if changed := differences(resumed, report):
+            raise UsageError("--resume: refused, the run differs from the one being resumed: " + "; ".join(changed))
         report = resumed
         report.interrupted = False
-        report.config = config.to_dict()
+        report.config = config
         report.notes.append(f"resumed at {environment['date']} with {len(report.results)} finished cells kept")
-    else:
-        report = RunReport(environment=environment, config=config.to_dict(), started_at=environment["date"])
     report.plugins = [vars(p).copy() for p in registry.plugins]
     report.notes.extend(w for w in registry.warnings if w not in report.notes)
-
-    for path in (md_path, json_path, csv_path):
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(rep: RunReport, markdown: Optional[str] = None) -> None:
         write_atomic(json_path, render_json(rep))
@@ -312,6 +318,7 @@ def run(config, registry, slots, md_path: Path, json_path: Path, resumed=None, c
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     report.finished_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    charts: Optional[list[tuple[str, str]]]
     try:
         charts = write_charts(report, md_path)
     except Exception as exc:  # a chart is not worth losing the report for
@@ -327,15 +334,16 @@ def run(config, registry, slots, md_path: Path, json_path: Path, resumed=None, c
 
 def compare_command(argv: list[str]) -> int:
     """``cnncompare compare BASE.json NEW.json [--fail-above PCT]``: exit 1 when the gate fails."""
-    from cnncompare.core.compare import DEFAULT_ALPHA, compare_runs, regressions, render_comparison
+    from .core.report.compare import compare_runs, regressions, render_comparison
+    from .core.stats import DEFAULT_ALPHA
 
     p = _Parser(prog="cnncompare compare",
                 description="Compare two runs' step times cell by cell (Mann-Whitney U test on the samples).")
     p.add_argument("base", type=Path, help="the earlier run's JSON report")
     p.add_argument("new", type=Path, help="the later run's JSON report")
-    p.add_argument("--fail-above", type=_percent_arg, default=None, metavar="PCT",
+    p.add_argument("--fail-above", type=_bounded_float("--fail-above", lambda v: v >= 0, "a percentage >= 0"), default=None, metavar="PCT",
                    help="exit 1 when a cell ok in both runs got slower by more than PCT percent (a CI gate)")
-    p.add_argument("--alpha", type=_alpha_arg, default=DEFAULT_ALPHA,
+    p.add_argument("--alpha", type=_bounded_float("--alpha", lambda v: 0 < v < 1, "between 0 and 1"), default=DEFAULT_ALPHA,
                    help=f"significance level of the rank test (default: {DEFAULT_ALPHA})")
     args = p.parse_args(argv)
     base, new = _load_report("base", args.base), _load_report("new", args.new)
@@ -348,8 +356,8 @@ def compare_command(argv: list[str]) -> int:
 
 def report_command(argv: list[str]) -> int:
     """``cnncompare report A.json B.json ... --output combined.md``: one report from several runs."""
-    from cnncompare.core.fileio import write_atomic
-    from cnncompare.core.report import render_combined
+    from .core.fileio import write_atomic
+    from .core.report.markdown import render_combined
 
     p = _Parser(prog="cnncompare report", description="Render one markdown report from several runs' JSON reports.")
     p.add_argument("runs", type=Path, nargs="+", metavar="RUN.json")
@@ -361,28 +369,29 @@ def report_command(argv: list[str]) -> int:
     if output is None:
         print(markdown, end="")
     else:
-        output.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(output, markdown)
         print(f"cnncompare: wrote {output}", file=sys.stderr)
     return EXIT_OK
 
 
 def _load_report(option: str, path: Path):
-    from cnncompare.core.results import RunReport
+    from .core.results import RunReport
 
     try:
-        return RunReport.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        return RunReport.from_json(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UsageError(f"{option}: {str(path)!r} does not exist") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"{option}: {str(path)!r} is not a cnncompare JSON report ({exc})") from None
 
 
-def render_backend_list(registry, slots) -> str:
+def render_list(registry, slots) -> str:
+    """``--list``: every backend with its plugin and availability per device, then the workloads."""
     import torch
     from tabulate import tabulate
 
-    from cnncompare.backends import base
+    from .backends import base
+    from .workloads.base import description
 
     rows = []
     for name, backend in registry.backends.items():
@@ -393,6 +402,11 @@ def render_backend_list(registry, slots) -> str:
         in_all = "yes" if base.in_all(backend) else "no"
         rows.append([name, registry.origin[name], in_all, base.description(backend), "; ".join(availability)])
     text = tabulate(rows, headers=["backend", "plugin", "in all", "description", "devices"], tablefmt="simple")
+    workloads = [[name + (" (default)" if name == DEFAULT_WORKLOAD else ""), registry.workload_origin[name],
+                  w.sample_unit, ", ".join(f"{k}={v}" for k, v in w.options.items()) or "–", description(w)]
+                 for name, w in registry.workloads.items()]
+    text += "\n\n" + tabulate(workloads, headers=["workload", "plugin", "sample", "options (defaults)", "description"],
+                              tablefmt="simple")
     broken = [f"  {p.name}: {p.error}" for p in registry.broken]
     if broken:
         text += "\n\nplugins not loaded:\n" + "\n".join(broken)
@@ -400,27 +414,23 @@ def render_backend_list(registry, slots) -> str:
 
 
 def plugins_command(argv: list[str]) -> int:
-    """``cnncompare plugins``: every plugin, its distribution, hooks and backends; broken ones with their error."""
+    """``cnncompare plugins``: every plugin, its distribution, hooks, backends and workloads; broken ones
+    with their error."""
     p = _Parser(prog="cnncompare plugins", description="List loaded plugins (built-in and external) and broken ones.")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = p.parse_args(argv)
     from tabulate import tabulate
 
-    from cnncompare.plugins import PluginError, load_registry
-
-    try:
-        registry = load_registry()
-    except PluginError as exc:
-        raise UsageError(str(exc)) from None
+    registry = _registry()
     if args.json:
         print(json.dumps([vars(info) for info in registry.plugins], indent=2))
         return EXIT_OK
     rows = []
     for info in registry.plugins:
         dist = f"{info.distribution} {info.version}" if info.distribution else "–"
-        what = f"BROKEN: {info.error}" if info.error else ", ".join(info.backends) or "(no backends)"
+        what = f"BROKEN: {info.error}" if info.error else ", ".join(info.backends + info.workloads) or "(nothing)"
         rows.append([info.name, info.source, dist, ", ".join(info.hooks) or "–", what])
-    print(tabulate(rows, headers=["plugin", "source", "distribution", "hooks", "backends"], tablefmt="simple"))
+    print(tabulate(rows, headers=["plugin", "source", "distribution", "hooks", "registers"], tablefmt="simple"))
     for warning in registry.warnings:
         print(f"warning: {warning}")
     return EXIT_OK

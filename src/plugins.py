@@ -1,11 +1,12 @@
-"""Plugin loading and the backend registry.
+"""Plugin loading, and the registry of backends and workloads.
 
-Built-ins come from ``cnncompare.backends.BUILTIN_PLUGINS``; third-party
-plugins from the ``cnncompare`` entry-point group, filtered by the
-``CNNCOMPARE_PLUGINS`` environment variable (unset: all; empty: none; else a
-comma list of entry-point names). A plugin that fails to import, to validate
-or to register is recorded with its error and the run goes on; two plugins
-registering one backend name is a startup error naming both.
+Built-ins come from ``BUILTIN_PLUGINS``; third-party plugins from the
+``cnncompare`` entry-point group, filtered by the ``CNNCOMPARE_PLUGINS``
+environment variable (unset: all; empty: none; else a comma list of
+entry-point names). A plugin that fails to import, to validate or to
+register is recorded with its error and the run goes on; two plugins
+registering one name (of a backend, or of a workload) is a startup error
+naming both.
 """
 from __future__ import annotations
 
@@ -19,8 +20,18 @@ from typing import Any, Iterable, Optional
 
 import pluggy
 
-from cnncompare import PROJECT_NAME, __version__, hookspecs
-from cnncompare.backends import BUILTIN_PLUGINS
+from . import PROJECT_NAME, __version__, hookspecs
+from .workloads.base import check_contract as check_workload
+
+#: Built-in plugins: the same hooks and marker as third-party ones, registered from this
+#: tuple (not entry points) so an uninstalled checkout and the tests see them too.
+BUILTIN_PLUGINS = (
+    "cnncompare.backends.eager",
+    "cnncompare.backends.torchscript",
+    "cnncompare.backends.inductor",
+    "cnncompare.backends.dynamo_bridge",
+    "cnncompare.workloads.seed_cnn",
+)
 
 ENV_PLUGINS = "CNNCOMPARE_PLUGINS"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+\-]*$")
@@ -40,15 +51,18 @@ class PluginInfo:
     version: Optional[str] = None
     hooks: list[str] = field(default_factory=list)
     backends: list[str] = field(default_factory=list)
+    workloads: list[str] = field(default_factory=list)
     error: Optional[str] = None
 
 
 @dataclass
 class Registry:
-    """Backends by name, with the plugin each came from."""
+    """Backends and workloads by name, with the plugin each came from."""
 
     backends: dict[str, Any] = field(default_factory=dict)
     origin: dict[str, str] = field(default_factory=dict)
+    workloads: dict[str, Any] = field(default_factory=dict)
+    workload_origin: dict[str, str] = field(default_factory=dict)
     plugins: list[PluginInfo] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -83,10 +97,10 @@ def make_plugin_manager() -> pluggy.PluginManager:
 
 
 def load_registry(extra_plugins: Iterable[Any] = (), entry_points: bool = True) -> Registry:
-    """Load built-ins, entry-point plugins and ``extra_plugins``; collect their backends.
+    """Load built-ins, entry-point plugins and ``extra_plugins``; collect their backends and workloads.
 
     ``extra_plugins`` are objects registered in-process (tests, embedding
-    applications). Raises ``PluginError`` for a duplicate backend name.
+    applications). Raises ``PluginError`` for a duplicate name.
     """
     pm = make_plugin_manager()
     registry = Registry()
@@ -134,7 +148,8 @@ def load_registry(extra_plugins: Iterable[Any] = (), entry_points: bool = True) 
         registry.plugins.append(info)
 
     _reject_unknown_hooks(pm, registry)
-    _collect_backends(pm, registry)
+    _collect(pm, registry, "backend")
+    _collect(pm, registry, "workload")
     return registry
 
 
@@ -152,25 +167,31 @@ def _reject_unknown_hooks(pm: pluggy.PluginManager, registry: Registry) -> None:
                     info.error = f"unknown hook: {exc}"
 
 
-def _collect_backends(pm: pluggy.PluginManager, registry: Registry) -> None:
+def _collect(pm: pluggy.PluginManager, registry: Registry, kind: str) -> None:
+    """Call every plugin's ``cnncompare_register_<kind>s`` hook into the registry."""
+    hook_name = f"cnncompare_register_{kind}s"
+    table, origin = ((registry.backends, registry.origin) if kind == "backend"
+                     else (registry.workloads, registry.workload_origin))
+    check = _check_contract if kind == "backend" else check_workload
     by_name = {p.name: p for p in registry.plugins}
     # Each plugin's hook is called on its own so a registration can be traced
     # to its plugin (duplicate names name both) and a raising plugin is
     # isolated from the others.
-    for impl in pm.hook.cnncompare_register_backends.get_hookimpls():
+    for impl in getattr(pm.hook, hook_name).get_hookimpls():
         info = by_name[impl.plugin_name]
+        if info.error:  # broken by an earlier hook: none of its objects is trusted
+            continue
         added: list[str] = []
 
-        def register(backend: Any, _info: PluginInfo = info, _added: list = added) -> None:
-            _check_contract(backend, _info.name)
-            name = backend.name
-            if name in registry.backends:
-                raise PluginError(
-                    f"backend name {name!r} is registered twice: by plugin "
-                    f"{registry.origin[name]!r} and by plugin {_info.name!r}"
-                )
-            registry.backends[name] = backend
-            registry.origin[name] = _info.name
+        def register(obj: Any, _info: PluginInfo = info, _added: list = added) -> None:
+            _check_name(obj, kind)
+            check(obj)
+            name = obj.name
+            if name in table:
+                raise PluginError(f"{kind} name {name!r} is registered twice: by plugin "
+                                  f"{origin[name]!r} and by plugin {_info.name!r}")
+            table[name] = obj
+            origin[name] = _info.name
             _added.append(name)
 
         kwargs = {"register": register}
@@ -179,19 +200,28 @@ def _collect_backends(pm: pluggy.PluginManager, registry: Registry) -> None:
         except PluginError:
             raise
         except Exception as exc:
-            info.error = f"cnncompare_register_backends raised {_short_error(exc)}"
-            for name in added:  # a half-registered plugin is not trusted
-                registry.backends.pop(name, None)
-                registry.origin.pop(name, None)
+            info.error = f"{hook_name} raised {_short_error(exc)}"
+            _forget(registry, info.name)
+            info.backends, info.workloads = [], []
             added.clear()
-        info.backends = list(added)
+        (info.backends if kind == "backend" else info.workloads)[:] = added
 
 
-def _check_contract(backend: Any, plugin: str) -> None:
-    name = getattr(backend, "name", None)
+def _forget(registry: Registry, plugin: str) -> None:
+    """A half-registered plugin is not trusted: drop everything it registered."""
+    for table, origin in ((registry.backends, registry.origin), (registry.workloads, registry.workload_origin)):
+        for name in [n for n, p in origin.items() if p == plugin]:
+            table.pop(name, None)
+            origin.pop(name, None)
+
+
+def _check_name(obj: Any, kind: str) -> None:
+    name = getattr(obj, "name", None)
     if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise ValueError(
-            f"a backend's name must be a non-empty string of letters, digits and '-_.:+', got {name!r}"
-        )
+        raise ValueError(f"a {kind}'s name must be a non-empty string of letters, digits and '-_.:+', got {name!r}")
+
+
+def _check_contract(backend: Any) -> None:
+    name = backend.name
     if not callable(getattr(backend, "compile", None)):
         raise ValueError(f"backend {name!r} has no callable compile(model, example, device)")

@@ -13,8 +13,8 @@ def leftover_cell_processes() -> list[str]:
     for p in psutil.process_iter(["cmdline", "ppid"]):
         try:
             cmd = " ".join(p.info["cmdline"] or [])
-            server_or_cell = "cnncompare.core.forkserver" in cmd and p.info["ppid"] != me
-            if (server_or_cell or "cnncompare.core.child" in cmd or "torch.distributed.run" in cmd) \
+            server_or_cell = "cnncompare.core.run.forkserver" in cmd and p.info["ppid"] != me
+            if (server_or_cell or "cnncompare.core.cell.main" in cmd or "torch.distributed.run" in cmd) \
                     and p.environ().get("CNNCOMPARE_TEST_RUN") == ours:
                 left.append(f"{p.pid}: {cmd}")
         except (psutil.NoSuchProcess, psutil.AccessDenied):

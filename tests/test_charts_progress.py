@@ -3,19 +3,25 @@ import io
 
 import pytest
 
-from cnncompare.core import charts
-from cnncompare.core.progress import BarProgress, LineProgress, for_stream
-from cnncompare.core.report import render_markdown
-from cnncompare.core.results import CellResult, RunReport, Status, StepStats
+from _tiny import TINY_WORKLOAD
+from cnncompare.core.config import RunConfig
+from cnncompare.core.records import Status
+from cnncompare.core.report import charts
+from cnncompare.core.report.markdown import render_markdown
+from cnncompare.core.results import CellResult, RunReport
+from cnncompare.core.run.progress import BarProgress, LineProgress, for_stream
+from cnncompare.core.stats import StepStats
 
-CONFIG = {"batch_size": 4, "image_size": 8, "in_channels": 3, "steps": 3, "warmup": 1}
+CONFIG = RunConfig(batch_size=4, workload=TINY_WORKLOAD, steps=3, warmup=1)
 
 
 def _report():
-    rows = [CellResult("eager", "cpu", Status.OK, compile_s=0.0, first_step_s=0.2, step_s=StepStats.from_samples([0.1, 0.11, 0.12])),
-            CellResult("compile", "cpu", Status.OK, compile_s=3.0, first_step_s=30.0, step_s=StepStats.from_samples([0.05, 0.06, 0.07])),
-            CellResult("broken", "cpu", Status.CRASHED)]
-    return RunReport(environment={"cpu": "x", "threads": 1}, config=dict(CONFIG), results=rows)
+    rows = [CellResult(backend="eager", device="cpu", status=Status.OK, compile_s=0.0, first_step_s=0.2,
+                       step_s=StepStats.from_samples([0.1, 0.11, 0.12])),
+            CellResult(backend="compile", device="cpu", status=Status.OK, compile_s=3.0, first_step_s=30.0,
+                       step_s=StepStats.from_samples([0.05, 0.06, 0.07])),
+            CellResult(backend="broken", device="cpu", status=Status.CRASHED)]
+    return RunReport(environment={"cpu": "x", "threads": 1}, config=CONFIG, results=rows)
 
 
 @pytest.mark.skipif(not charts.matplotlib_available(), reason="matplotlib not installed (cnncompare[plot])")
@@ -40,7 +46,7 @@ def test_without_matplotlib_the_report_says_how_to_get_charts(tmp_path, monkeypa
 
 def test_plain_progress_is_quiet_for_quick_phases_and_beats_for_slow_ones(monkeypatch):
     clock = [100.0]
-    monkeypatch.setattr("cnncompare.core.progress.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("cnncompare.core.run.progress.time.monotonic", lambda: clock[0])
     out = io.StringIO()
     p = LineProgress(out)
     p.start_cell(1, 2, "compile on cpu")

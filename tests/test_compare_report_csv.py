@@ -4,16 +4,22 @@ import io
 import json
 import random
 import re
+from dataclasses import replace
 
 import pytest
 
+from _tiny import TINY_WORKLOAD
 from cnncompare.cli import main
-from cnncompare.core.compare import compare_runs, regressions
-from cnncompare.core.report import CSV_COLUMNS, render_combined, render_csv, render_json
-from cnncompare.core.results import CellResult, RunReport, Status, StepStats
+from cnncompare.core.config import RunConfig
+from cnncompare.core.records import Status
+from cnncompare.core.report.compare import compare_runs, regressions
+from cnncompare.core.report.data import CSV_COLUMNS, render_csv, render_json
+from cnncompare.core.report.markdown import render_combined
+from cnncompare.core.results import CellResult, RunReport
+from cnncompare.core.stats import StepStats
 
 ENV = {"date": "d", "cnncompare": "0.1.0", "torch": "2.13.0", "cpu": "CPU A", "threads": 2, "gpus": [], "python": "3.11"}
-CONFIG = {"batch_size": 4, "image_size": 8, "in_channels": 3, "steps": 20, "warmup": 1}
+CONFIG = RunConfig(batch_size=4, workload=TINY_WORKLOAD, steps=20, warmup=1)
 
 
 def _samples(center, n=20, spread=0.02, seed=0):
@@ -22,10 +28,10 @@ def _samples(center, n=20, spread=0.02, seed=0):
 
 
 def _run(cells, env=None):
-    results = [CellResult(b, d, Status(s), compile_s=0.0, first_step_s=m,
+    results = [CellResult(backend=b, device=d, status=Status(s), compile_s=0.0, first_step_s=m,
                           step_s=StepStats.from_samples(_samples(m, seed=i)) if s in ("ok", "fail_accuracy") else None)
                for i, (b, d, s, m) in enumerate(cells)]
-    return RunReport(environment=dict(env or ENV), config=dict(CONFIG), results=results, started_at="t")
+    return RunReport(environment=dict(env or ENV), config=CONFIG, results=results, started_at="t")
 
 
 BASE = _run([("eager", "cpu", "ok", 1.0), ("compile", "cpu", "ok", 0.8), ("jit-trace", "cpu", "ok", 1.0), ("broken", "cpu", "crashed", 0)])
@@ -70,7 +76,7 @@ def test_compare_shows_a_changed_environment(tmp_path, capsys):
 
 def test_compare_shows_a_changed_workload(tmp_path, capsys):
     other = _run([("eager", "cpu", "ok", 0.8)])
-    other.config["malloc"] = "reuse"  # faster because of the allocator, not the code
+    other.config = replace(other.config, malloc="reuse")  # faster because of the allocator, not the code
     assert main(["compare", _write(tmp_path, "a.json", BASE), _write(tmp_path, "b.json", other)]) == 0
     assert "malloc: 'system' → 'reuse'" in capsys.readouterr().out
 

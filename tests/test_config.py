@@ -1,6 +1,8 @@
+from dataclasses import replace
+
 import pytest
 
-from cnncompare.core.config import ConfigError, RunConfig, available_cores
+from cnncompare.core.config import ConfigError, RunConfig, WorkloadSpec, available_cores
 
 
 @pytest.mark.parametrize(
@@ -8,7 +10,6 @@ from cnncompare.core.config import ConfigError, RunConfig, available_cores
     [
         ("batch_size", 0, "--batch-size"),
         ("batch_size", -3, "--batch-size"),
-        ("image_size", 0, "--image-size"),
         ("steps", 0, "--steps"),
         ("warmup", -1, "--warmup"),
         ("seed", -1, "--seed"),
@@ -30,13 +31,24 @@ def test_invalid_values_are_refused_naming_the_option(field, value, option):
 
 def test_defaults_are_the_seed_study_and_threads_resolve_to_all_cores():
     c = RunConfig()
-    assert (c.batch_size, c.image_size, c.steps, c.warmup) == (128, 28, 20, 3)
+    assert (c.batch_size, c.steps, c.warmup, c.workload.name) == (128, 20, 3, "seed-cnn")
     assert c.resolved_threads == available_cores()
     assert c.to_dict()["threads"] == available_cores()
 
 
-def test_round_trip_and_workload_key_ignores_selection():
-    c = RunConfig(backends=("eager", "compile"), devices=("cpu",), steps=7)
-    assert RunConfig.from_dict(c.to_dict()) == RunConfig(backends=("eager", "compile"), devices=("cpu",), steps=7, threads=c.resolved_threads)
-    assert c.workload_key() == RunConfig(backends=("eager",), steps=7, timeout_s=5).workload_key()
-    assert c.workload_key() != RunConfig(steps=8).workload_key()
+def test_round_trip_and_comparability_ignores_selection():
+    c = RunConfig(backends=("eager", "compile"), devices=("cpu",), steps=7, workload=WorkloadSpec("seed-cnn", {"image_size": 8}))
+    assert RunConfig.from_dict(c.to_dict()) == replace(c, threads=c.resolved_threads)
+    assert c.comparable() == replace(c, backends=("eager",), timeout_s=5).comparable()
+    assert c.comparable() != replace(c, steps=8).comparable()
+    assert c.comparable() != replace(c, workload=WorkloadSpec("seed-cnn", {"image_size": 9})).comparable()
+
+
+def test_a_report_from_before_workloads_reads_as_the_seed_cnn():
+    old = {"backends": ["eager"], "devices": ["cpu"], "batch_size": 4, "image_size": 8, "in_channels": 3,
+           "num_classes": 10, "lr": 0.001, "steps": 5, "warmup": 1, "seed": 0, "threads": 1, "timeout_s": 600.0,
+           "max_memory_mb": None, "compile_cache": "cold", "compile_threads": 1}
+    c = RunConfig.from_dict(old)
+    assert c.workload == WorkloadSpec("seed-cnn", {"image_size": 8, "in_channels": 3, "num_classes": 10}, "image")
+    with pytest.raises(ValueError, match="stepz"):
+        RunConfig.from_dict({**c.to_dict(), "stepz": 3})  # a misspelled key is an error, not dropped

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from cnncompare.core.devices import DeviceError, DeviceSlot, parse_devices, resolve_devices
+from cnncompare.core.run.devices import DeviceError, DeviceSlot, parse_devices, resolve_devices
 
 
 @pytest.mark.parametrize("spec", ["tpu", "cpu,tpu", "cuda:x", "cpu:0", "", " , "])

@@ -3,9 +3,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from cnncompare.core import diagnostics
-from cnncompare.core.report import render_markdown
-from cnncompare.core.results import CellResult, RunReport, Status, StepStats
+from cnncompare.core.cell import diagnostics
+from cnncompare.core.config import RunConfig
+from cnncompare.core.records import DynamoStats, Status
+from cnncompare.core.report.markdown import render_markdown
+from cnncompare.core.results import CellResult, RunReport
+from cnncompare.core.stats import StepStats
 
 # Importing torch._inductor imports TorchScript pieces that warn of their deprecation.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -37,9 +40,10 @@ def test_cudagraphs_recorded_is_unknown_where_the_private_api_differs(monkeypatc
 
 @pytest.mark.parametrize("recorded, shown", [(0, "CUDA graphs 0 recorded, 2 skipped"), (None, "CUDA graphs ? recorded")])
 def test_report_says_whether_cuda_graphs_were_used(recorded, shown):
-    dynamo = {"graphs": 1, "graph_breaks": 0, "recompiles": 0, "fell_back_to_eager": False,
-              "cudagraph_skips": 2, "cudagraphs_recorded": recorded}
-    row = CellResult("compile-reduce-overhead", "cuda", Status.OK, step_s=StepStats.from_samples([0.01]), dynamo=dynamo)
-    md = render_markdown(RunReport(environment={}, config={"batch_size": 4, "image_size": 8, "warmup": 1, "steps": 1},
+    dynamo = DynamoStats(graphs=1, graph_breaks=0, recompiles=0, frames_compiled=1, frames_seen=1, fell_back_to_eager=False,
+                         cudagraph_skips=2, cudagraphs_recorded=recorded)
+    row = CellResult(backend="compile-reduce-overhead", device="cuda:0", status=Status.OK, step_s=StepStats.from_samples([0.01]),
+                     dynamo=dynamo)
+    md = render_markdown(RunReport(environment={}, config=RunConfig(batch_size=4, warmup=1, steps=1),
                                    results=[row]))
     assert shown in md

@@ -2,9 +2,10 @@
 import pytest
 
 import fault_backends
-from cnncompare.core.devices import DeviceSlot
-from cnncompare.core.orchestrate import plan_cells, run_cells
-from cnncompare.core.results import RunReport, Status
+from cnncompare.core.records import Status
+from cnncompare.core.results import RunReport
+from cnncompare.core.run.devices import DeviceSlot
+from cnncompare.core.run.orchestrate import plan_cells, run_cells
 from cnncompare.plugins import load_registry
 
 pytestmark = pytest.mark.e2e
@@ -13,15 +14,13 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def ddp_report():
     from _tiny import TINY
-
     from cnncompare.core.config import RunConfig
 
     config = RunConfig(backends=("eager", "compile", "raise-rank1", "kill-rank1"), devices=("cpu",), nproc=2,
                        timeout_s=240, **TINY)
     registry = load_registry(extra_plugins=[fault_backends], entry_points=False)
-    report = RunReport(environment={}, config=config.to_dict())
+    report = RunReport(environment={}, config=config)
     run_cells(plan_cells(config, [DeviceSlot("cpu")]), config, registry, report, lambda rep: None)
-    report.derive()
     return {r.backend: r for r in report.results}
 
 
@@ -32,19 +31,19 @@ def test_ranks_agree_and_match_the_single_process_reference(ddp_report, backend)
     assert r.parity.passed and "2 slices" in r.parity.reference
     assert 0 < r.parity.grad_rel_error < 1e-3  # a real comparison: fp32 ranks against float64
     d = r.distributed
-    assert d["nproc"] == 2 and d["nproc_per_node"] == 2 and d["nnodes"] == 1 and d["process_group"] == "gloo"
-    assert d["batch_size_per_rank"] == 4 and d["global_batch_size"] == 8 and d["threads_per_rank"] == 1
-    assert d["ranks_identical"] is True and d["max_rank_weight_diff"] == 0.0
-    assert len(d["rank_step_median_s"]) == 2
-    assert d["slowest_rank_step_median_s"] == max(d["rank_step_median_s"]) == r.step_s.median
-    assert d["global_images_per_s"] == pytest.approx(8 / r.step_s.median)
-    assert d["single_process_status"] == "ok" and d["single_process_threads"] == 1
-    assert d["scaling_efficiency"] == pytest.approx(d["single_process_step_median_s"] / r.step_s.median)
+    assert d.nproc == 2 and d.nproc_per_node == 2 and d.nnodes == 1 and d.process_group == "gloo"
+    assert d.batch_size_per_rank == 4 and d.global_batch_size == 8 and d.threads_per_rank == 1
+    assert d.ranks_identical is True and d.max_rank_weight_diff == 0.0
+    assert len(d.rank_step_median_s) == 2
+    assert d.slowest_rank_step_median_s == max(d.rank_step_median_s) == r.step_s.median
+    assert d.global_images_per_s == pytest.approx(8 / r.step_s.median)
+    assert d.single_process_status == "ok" and d.single_process_threads == 1
+    assert d.scaling_efficiency == pytest.approx(d.single_process_step_median_s / r.step_s.median)
     assert r.threads == 1
 
 
 def test_compile_under_ddp_reports_dynamo(ddp_report):
-    assert ddp_report["compile"].dynamo["graphs"] >= 1
+    assert ddp_report["compile"].dynamo.graphs >= 1
 
 
 def test_a_rank_that_raises_fails_its_cell_only(ddp_report):
@@ -68,14 +67,17 @@ def test_no_rank_outlives_its_cell(ddp_report):
 def test_reference_for_two_slices_is_not_the_one_process_batch(tiny_config):
     """BatchNorm normalises each rank's slice alone, so DDP's step differs from one process
     training the global batch; the reference must be DDP's."""
+    from dataclasses import replace
+
     import torch
 
-    from cnncompare.core.measure import _first_step_state
+    from cnncompare.core.cell.parity import first_step_state
+    from cnncompare.core.cell.training import Job
+    from cnncompare.workloads.seed_cnn import SeedCNNWorkload
 
     config = tiny_config()
-    sliced = _first_step_state(config, torch.device("cpu"), torch.float64, shards=2)
-    whole = _first_step_state(config.__class__(**{**config.to_dict(), "batch_size": 8}), torch.device("cpu"),
-                              torch.float64)
+    sliced = first_step_state(Job(SeedCNNWorkload(), config), torch.device("cpu"), torch.float64, shards=2)
+    whole = first_step_state(Job(SeedCNNWorkload(), replace(config, batch_size=8)), torch.device("cpu"), torch.float64)
     key = "grad:features.0.weight"
     assert not torch.allclose(sliced[key], whole[key], rtol=1e-6, atol=0)
 

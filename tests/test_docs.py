@@ -40,3 +40,23 @@ def test_every_command_line_flag_is_in_the_readme_synopsis():
     synopsis = readme[readme.index("## Command line"):readme.index("- Defaults:")]
     flags = {s for a in build_parser()._actions for s in a.option_strings if s.startswith("--")}
     assert flags and not {f for f in flags if f"[{f}" not in synopsis and f" {f} " not in synopsis}
+
+
+def _design_layout() -> set[str]:
+    """The files docs/design.md's layout lists, as paths under src/ (folders by indentation)."""
+    design = (ROOT / "docs" / "design.md").read_text()
+    block = design[design.index("## Layout"):].split("```")[1]
+    listed, stack = set(), []
+    for line in block.strip("\n").splitlines()[1:]:  # the first line is src/ itself
+        depth = (len(line) - len(line.lstrip())) // 2 - 1
+        name = line.split()[0]
+        stack[depth:] = [name.rstrip("/")]
+        if name.endswith(".py"):
+            listed.add("/".join(stack))
+    return listed
+
+
+def test_the_design_layout_lists_every_module_and_only_those():
+    modules = {str(p.relative_to(ROOT / "src")) for p in (ROOT / "src").rglob("*.py")
+               if p.name != "__init__.py" or p.parent == ROOT / "src"}
+    assert _design_layout() == modules

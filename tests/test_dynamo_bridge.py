@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from cnncompare.backends.dynamo_bridge import DynamoBackend, dynamo_backend_names
-from cnncompare.core.devices import DeviceSlot
-from cnncompare.core.orchestrate import run_cell
-from cnncompare.core.results import Status
+from cnncompare.core.records import Status
+from cnncompare.core.run.devices import DeviceSlot
+from cnncompare.core.run.orchestrate import run_cell
 
 
 def test_every_listed_torch_backend_is_offered_but_not_in_all():

@@ -5,9 +5,10 @@ import sys
 
 import pytest
 
-from cnncompare.core.devices import DeviceSlot
-from cnncompare.core.orchestrate import plan_cells, run_cells
-from cnncompare.core.results import RunReport, Status
+from cnncompare.core.records import Status
+from cnncompare.core.results import RunReport
+from cnncompare.core.run.devices import DeviceSlot
+from cnncompare.core.run.orchestrate import plan_cells, run_cells
 from cnncompare.plugins import load_registry
 
 pytestmark = pytest.mark.e2e
@@ -15,16 +16,15 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def builtin_report():
-    from cnncompare.core.config import RunConfig
     from _tiny import TINY
+    from cnncompare.core.config import RunConfig
 
     config = RunConfig(backends=("compile", "jit-script", "jit-trace", "eager"), devices=("cpu",), **TINY)
     registry = load_registry(entry_points=False)
-    report = RunReport(environment={}, config=config.to_dict())
+    report = RunReport(environment={}, config=config)
     snapshots = []
     run_cells(plan_cells(config, [DeviceSlot("cpu")]), config, registry, report,
               on_result=lambda rep: snapshots.append(len(rep.results)))
-    report.derive()
     return report, snapshots
 
 
@@ -52,9 +52,9 @@ def test_every_builtin_is_ok_with_parity_passed(builtin_report):
         assert r.cpu_user_s_per_step > 0 and r.cpu_sys_s_per_step >= 0 and r.page_faults_per_step >= 0
     assert by_name["eager"].dynamo is None and by_name["jit-script"].dynamo is None
     dynamo = by_name["compile"].dynamo
-    assert dynamo["graphs"] >= 1 and dynamo["graph_breaks"] == 0 and dynamo["recompiles"] == 0
-    assert dynamo["fell_back_to_eager"] is False
-    assert "cudagraphs_recorded" not in dynamo  # CUDA graphs are counted on CUDA cells only
+    assert dynamo.graphs >= 1 and dynamo.graph_breaks == 0 and dynamo.recompiles == 0
+    assert dynamo.fell_back_to_eager is False
+    assert dynamo.cudagraphs_recorded is None  # CUDA graphs are counted on CUDA cells only
     assert len(by_name["jit-trace"].warmup_s) == 2  # TorchScript asks for two warm-up steps
     assert len(by_name["eager"].warmup_s) == 1
 
@@ -71,7 +71,7 @@ def test_results_are_streamed_after_each_cell(builtin_report):
 
 
 def test_cli_end_to_end(tmp_path):
-    from cnncompare.core.memory import malloc_supported
+    from cnncompare.core.config import malloc_supported
 
     md, js = tmp_path / "out" / "r.md", tmp_path / "out" / "r.json"
     malloc = "reuse" if malloc_supported("reuse") is None else "system"  # the other policy runs in builtin_report
@@ -85,7 +85,7 @@ def test_cli_end_to_end(tmp_path):
     assert "[1/" in proc.stderr and "eager on cpu" in proc.stderr
     assert "# cnncompare report" in proc.stdout
     data = json.loads(js.read_text())
-    assert data["config"]["batch_size"] == 4 and data["config"]["image_size"] == 8 and data["config"]["steps"] == 3
+    assert data["config"]["batch_size"] == 4 and data["config"]["workload"]["options"]["image_size"] == 8 and data["config"]["steps"] == 3
     assert data["interrupted"] is False and data["config"]["malloc"] == malloc
     assert ("`--malloc reuse`" in proc.stdout) == (malloc == "reuse")
     statuses = {(r["device"], r["status"]) for r in data["results"]}
@@ -100,21 +100,21 @@ def test_cli_end_to_end(tmp_path):
 
 @pytest.mark.parametrize("backend", ["eager-fused", "channels-last", "aot-eager", "compile-step"])
 def test_more_builtins_run_and_match(tiny_config, backend):
-    from cnncompare.core.orchestrate import run_cell
+    from cnncompare.core.run.orchestrate import run_cell
 
     registry = load_registry(entry_points=False)
     r = run_cell(registry.get(backend), registry.origin[backend], DeviceSlot("cpu"), tiny_config())
     assert r.status is Status.OK and r.parity.passed, (r.error, r.error_tail)
     if backend in ("aot-eager", "compile-step"):
-        assert r.dynamo["graphs"] >= 1 and r.dynamo["recompiles"] == 0
+        assert r.dynamo.graphs >= 1 and r.dynamo.recompiles == 0
     if backend == "compile-step":  # the step is compiled in pieces: dynamo breaks around backward
-        assert r.dynamo["graph_breaks"] >= 1 and all("\n" not in reason for reason in r.dynamo["break_reasons"])
+        assert r.dynamo.graph_breaks >= 1 and all("\n" not in reason for reason in r.dynamo.break_reasons)
 
 
 def test_cuda_graph_modes_are_skipped_off_cuda(tiny_config):
     import torch
 
-    from cnncompare.core.orchestrate import run_cell
+    from cnncompare.core.run.orchestrate import run_cell
 
     if torch.cuda.is_available():
         pytest.skip("checks the CPU behaviour")
@@ -125,7 +125,7 @@ def test_cuda_graph_modes_are_skipped_off_cuda(tiny_config):
 
 
 def test_warm_compile_cache_runs_twice_and_keeps_the_cold_times(tiny_config):
-    from cnncompare.core.orchestrate import run_cell
+    from cnncompare.core.run.orchestrate import run_cell
 
     registry = load_registry(entry_points=False)
     r = run_cell(registry.get("eager"), "x", DeviceSlot("cpu"), tiny_config(compile_cache="warm"))

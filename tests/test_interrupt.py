@@ -24,6 +24,13 @@ def _start(tmp_path, backends, *extra, env=None):
     )
 
 
+def _gone(pid):
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # exited; nobody reaped it yet
+    except psutil.NoSuchProcess:
+        return True
+
+
 def _wait_for(predicate, timeout=120):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -47,7 +54,24 @@ def test_signal_keeps_finished_cells_and_kills_the_running_child(tmp_path, sig, 
     assert data["interrupted"] is True
     assert [(r["backend"], r["status"]) for r in data["results"]] == [("eager", "ok")]
     assert "**interrupted**" in (tmp_path / "run.md").read_text()
-    assert not psutil.pid_exists(child_pid) or psutil.Process(child_pid).status() == psutil.STATUS_ZOMBIE
+    assert _gone(child_pid)
+
+
+@pytest.mark.parametrize("extra", [[], ["--nproc", "2"]], ids=["forked", "torchrun"])
+def test_a_run_killed_with_sigkill_leaves_no_cell_behind(tmp_path, extra):
+    """SIGKILL reaches no handler: the cells must die by themselves (PR_SET_PDEATHSIG), the fork
+    server, torchrun and its ranks included."""
+    from _leftovers import leftover_cell_processes
+
+    pid_file = tmp_path / "hang.pid"
+    proc = _start(tmp_path, "hang", *extra, env={"CNNCOMPARE_TEST_PID_FILE": str(pid_file)})
+    _wait_for(pid_file.exists)  # the cell is running (under torchrun: a rank is)
+    child_pid = int(pid_file.read_text())
+    assert psutil.pid_exists(child_pid)
+    proc.kill()
+    proc.communicate(timeout=30)
+    _wait_for(lambda: _gone(child_pid), timeout=30)  # SIGKILLed: its memory is torn down, then it is gone
+    _wait_for(lambda: leftover_cell_processes() == [], timeout=30)
 
 
 def test_resume_keeps_finished_cells_and_runs_the_rest(tmp_path):
@@ -75,21 +99,22 @@ def test_resume_keeps_finished_cells_and_runs_the_rest(tmp_path):
 
 
 def test_resume_refuses_a_changed_config(tmp_path):
+    from _tiny import TINY_WORKLOAD
     from cnncompare.core.config import RunConfig
-    from cnncompare.core.environment import capture
-    from cnncompare.core.report import render_json
+    from cnncompare.core.report.data import render_json
     from cnncompare.core.results import RunReport
+    from cnncompare.core.run.environment import capture
 
-    config = RunConfig(backends=("eager",), batch_size=4, image_size=8, steps=3, warmup=0, threads=1)
+    config = RunConfig(backends=("eager",), batch_size=4, workload=TINY_WORKLOAD, steps=3, warmup=0, threads=1)
     saved = tmp_path / "run.json"
-    saved.write_text(render_json(RunReport(environment=capture(1), config=config.to_dict(), interrupted=True)))
+    saved.write_text(render_json(RunReport(environment=capture(1), config=config, interrupted=True)))
     changed = TINY_ARGS[:-1] + ["2"]  # --threads 2
     proc = subprocess.run(
         [sys.executable, str(DRIVER), "--backends", "eager", *changed, "--resume", str(saved)],
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 2
-    assert "--resume: refused" in proc.stderr and "threads 1 -> 2" in proc.stderr
+    assert "--resume: refused" in proc.stderr and "threads: 1 → 2" in proc.stderr
     assert json.loads(saved.read_text())["results"] == []  # nothing was run or written
 
 

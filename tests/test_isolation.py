@@ -3,9 +3,10 @@
 import pytest
 
 import fault_backends
-from cnncompare.core.devices import DeviceSlot
-from cnncompare.core.orchestrate import plan_cells, run_cells
-from cnncompare.core.results import RunReport, Status
+from cnncompare.core.records import Status
+from cnncompare.core.results import RunReport
+from cnncompare.core.run.devices import DeviceSlot
+from cnncompare.core.run.orchestrate import plan_cells, run_cells
 from cnncompare.plugins import load_registry
 
 pytestmark = pytest.mark.e2e
@@ -15,14 +16,13 @@ FAULTS = ["raise-compile", "raise-step3", "hang", "abort", "segfault", "nan-loss
 
 @pytest.fixture(scope="module")
 def fault_report():
-    from cnncompare.core.config import RunConfig
     from _tiny import TINY
+    from cnncompare.core.config import RunConfig
 
     config = RunConfig(backends=("eager", *FAULTS), devices=("cpu",), timeout_s=25, max_memory_mb=1500, **TINY)
     registry = load_registry(extra_plugins=[fault_backends], entry_points=False)
-    report = RunReport(environment={}, config=config.to_dict())
+    report = RunReport(environment={}, config=config)
     run_cells(plan_cells(config, [DeviceSlot("cpu")]), config, registry, report, lambda rep: None)
-    report.derive()
     return {r.backend: r for r in report.results}
 
 
@@ -71,7 +71,7 @@ def test_no_child_outlives_its_cell(fault_report):
 
 
 def test_unpicklable_backend_is_found_again_through_the_plugins(tiny_config):
-    from cnncompare.core.orchestrate import run_cell
+    from cnncompare.core.run.orchestrate import run_cell
 
     # The child reloads plugins from entry points, where this in-process one does not exist:
     # the cell must fail cleanly, naming the problem, not hang or crash the run.
@@ -90,14 +90,14 @@ def test_memory_watch_survives_a_cell_that_exits_between_two_looks(monkeypatch):
 
     import psutil
 
-    from cnncompare.core import orchestrate
+    from cnncompare.core.run import launch
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    assert orchestrate._tree_rss_mb(gone.pid) == 0.0
+    assert launch.tree_rss_mb(gone.pid) == 0.0
 
     def vanished(self, recursive=False):
         raise psutil.NoSuchProcess(self.pid)
 
     monkeypatch.setattr(psutil.Process, "children", vanished)
-    assert orchestrate._tree_rss_mb(os.getpid()) == 0.0
+    assert launch.tree_rss_mb(os.getpid()) == 0.0

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from cnncompare.core import measure
+from cnncompare.core.cell import parity as measure
 
 
 def _state(gen, scale=1.0, shapes=((1000, 700), (5,), ())):

@@ -1,17 +1,22 @@
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
-from cnncompare.core import memory
-
-from cnncompare.core.report import md_cell, md_code, render_json, render_markdown
-from cnncompare.core.results import CellResult, Parity, RunReport, Status, StepStats
+from _tiny import TINY_WORKLOAD
+from cnncompare.core.cell import memory
+from cnncompare.core.config import RunConfig, malloc_supported
+from cnncompare.core.records import Parity, Status
+from cnncompare.core.report.data import render_json
+from cnncompare.core.report.markdown import md_cell, md_code, render_markdown
+from cnncompare.core.results import CellResult, RunReport
+from cnncompare.core.stats import StepStats
 
 ENV = {"date": "2026-01-01T00:00:00+00:00", "cnncompare": "0.1.0", "torch": "2.13.0", "cpu": "Test CPU",
        "threads": 2, "gpus": []}
-CONFIG = {"batch_size": 4, "image_size": 8, "in_channels": 3, "steps": 5, "warmup": 1, "backends": ["eager"]}
+CONFIG = RunConfig(batch_size=4, workload=TINY_WORKLOAD, steps=5, warmup=1)
 
 
 def _parity(passed=True):
@@ -21,15 +26,15 @@ def _parity(passed=True):
 
 
 def _report(*results):
-    return RunReport(environment=dict(ENV), config=dict(CONFIG), results=list(results))
+    return RunReport(environment=dict(ENV), config=CONFIG, results=list(results))
 
 
 def test_tables_rank_ok_rows_and_show_derived_figures():
-    eager = CellResult("eager", "cpu", Status.OK, compile_s=0.0, first_step_s=1.0,
+    eager = CellResult(backend="eager", device="cpu", status=Status.OK, compile_s=0.0, first_step_s=1.0,
                        step_s=StepStats.from_samples([1.0, 1.0, 1.0]), parity=_parity())
-    fast = CellResult("fast", "cpu", Status.OK, compile_s=2.0, first_step_s=5.0,
+    fast = CellResult(backend="fast", device="cpu", status=Status.OK, compile_s=2.0, first_step_s=5.0,
                       step_s=StepStats.from_samples([0.5, 0.5, 0.5]), parity=_parity())
-    broken = CellResult("broken", "cpu", Status.FAIL_COMPILE, error="compile: RuntimeError: nope",
+    broken = CellResult(backend="broken", device="cpu", status=Status.FAIL_COMPILE, error="compile: RuntimeError: nope",
                         error_tail="Traceback ...\nRuntimeError: nope")
     md = render_markdown(_report(eager, broken, fast))
     section = md.split("## cpu")[1].split("##")[0]
@@ -44,7 +49,7 @@ def test_tables_rank_ok_rows_and_show_derived_figures():
 
 def test_markdown_is_safe_from_what_plugins_print():
     evil = "ev|il\nname `x` <script>alert(1)</script>"
-    r = CellResult(evil, "cpu", Status.FAIL_RUN, description="desc | with pipe", error=evil,
+    r = CellResult(backend=evil, device="cpu", status=Status.FAIL_RUN, description="desc | with pipe", error=evil,
                    error_tail="``` closing fence\n<b>bold</b>", notes=["note | pipe\nnewline"])
     md = render_markdown(_report(r))
     assert "<script>" not in md
@@ -61,7 +66,7 @@ def test_md_helpers():
 
 
 def test_json_has_the_documented_keys_and_no_nan():
-    r = CellResult("eager", "cpu", Status.OK, compile_s=0.0, first_step_s=1.0,
+    r = CellResult(backend="eager", device="cpu", status=Status.OK, compile_s=0.0, first_step_s=1.0,
                    step_s=StepStats.from_samples([1.0, 2.0]), parity=_parity())
     r.parity.worst_rmse = float("nan")
     data = json.loads(render_json(_report(r)))
@@ -82,9 +87,9 @@ def test_interrupted_report_says_so():
 
 
 def test_diagnostics_show_the_os_share_of_a_step():
-    eager = CellResult("eager", "cpu", Status.OK, step_s=StepStats.from_samples([1.0]), parity=_parity(),
+    eager = CellResult(backend="eager", device="cpu", status=Status.OK, step_s=StepStats.from_samples([1.0]), parity=_parity(),
                        cpu_user_s_per_step=1.2, cpu_sys_s_per_step=0.531, page_faults_per_step=179266.0)
-    fused = CellResult("eager-fused", "cpu", Status.OK, step_s=StepStats.from_samples([0.8]), parity=_parity(),
+    fused = CellResult(backend="eager-fused", device="cpu", status=Status.OK, step_s=StepStats.from_samples([0.8]), parity=_parity(),
                        cpu_sys_s_per_step=0.0012, page_faults_per_step=12.0)
     md = render_markdown(_report(eager, fused))
     assert "page faults / step" in md and "kernel CPU s / step" in md
@@ -93,9 +98,9 @@ def test_diagnostics_show_the_os_share_of_a_step():
     assert "| 12 " in row["eager-fused"] and "0.0012" in row["eager-fused"]
     assert "31% of eager's CPU time is in the kernel" in md and "`--malloc reuse`" in md
     reused = _report(eager, fused)
-    reused.config["malloc"] = "reuse"  # the hint is for runs that still pay the faults
+    reused.config = replace(reused.config, malloc="reuse")  # the hint is for runs that still pay the faults
     assert "CPU time is in the kernel" not in render_markdown(reused)
-    on_gpu = CellResult("eager", "cuda:0", Status.OK, step_s=StepStats.from_samples([0.01]), parity=_parity(),
+    on_gpu = CellResult(backend="eager", device="cuda:0", status=Status.OK, step_s=StepStats.from_samples([0.01]), parity=_parity(),
                         cpu_user_s_per_step=0.01, cpu_sys_s_per_step=0.01)
     assert "CPU time is in the kernel" not in render_markdown(_report(on_gpu))  # the driver's, not faults
 
@@ -103,17 +108,17 @@ def test_diagnostics_show_the_os_share_of_a_step():
 def test_os_usage_per_step_counts_fresh_pages():
     import torch
 
-    from cnncompare.core.memory import per_step_usage, process_usage
+    from cnncompare.core.cell.memory import per_step_usage, process_usage
 
     before = process_usage()
     torch.ones(64 * 1024 * 1024 // 4)  # 64 MB the kernel must map and zero
-    usage = per_step_usage(before, process_usage(), 2)
-    assert usage["page_faults_per_step"] > 0 and usage["cpu_user_s_per_step"] + usage["cpu_sys_s_per_step"] > 0
+    user_s, sys_s, faults = per_step_usage(before, process_usage(), 2)
+    assert faults > 0 and user_s + sys_s > 0
 
 
 _REALLOCATE = """
 import resource, sys, torch
-from cnncompare.core.memory import use_malloc
+from cnncompare.core.cell.memory import use_malloc
 use_malloc(sys.argv[1])
 for _ in range(8):  # the heap grows until freed blocks coalesce into one that fits the aligned request
     torch.ones(16 * 1024 * 1024)
@@ -124,7 +129,7 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 4)
 """
 
 
-@pytest.mark.skipif(memory.malloc_supported("reuse") is not None, reason="--malloc reuse needs glibc")
+@pytest.mark.skipif(malloc_supported("reuse") is not None, reason="--malloc reuse needs glibc")
 def test_malloc_reuse_keeps_freed_memory_so_a_reallocation_costs_no_page_faults():
     # A subprocess: mallopt changes the whole process, and pytest's must stay as users' is.
     faults = {policy: float(subprocess.run([sys.executable, "-c", _REALLOCATE, policy], capture_output=True,
@@ -135,15 +140,19 @@ def test_malloc_reuse_keeps_freed_memory_so_a_reallocation_costs_no_page_faults(
     assert faults["reuse"] < 0.05 * pages  # the freed block is handed out again
 
 
-def test_malloc_policy_is_checked():
-    with pytest.raises(ValueError, match="unknown malloc policy"):
-        memory.use_malloc("tcmalloc")
-    memory.use_malloc("system")  # the C library as it is: nothing to do
+def test_malloc_policy_is_checked_against_this_machine(monkeypatch):
+    from cnncompare.core.config import ConfigError
+
+    RunConfig(malloc="system").check_here()  # the C library as it is: always possible
+    monkeypatch.setattr("cnncompare.core.config.sys.platform", "darwin")
+    with pytest.raises(ConfigError, match="--malloc: reuse: needs Linux with glibc"):
+        RunConfig(malloc="reuse").check_here()
+    memory.use_malloc("system")  # nothing to do
 
 
 def test_summary_says_one_step_in_the_singular():
-    eager = CellResult("eager", "cpu", Status.OK, compile_s=0.0, first_step_s=1.0,
+    eager = CellResult(backend="eager", device="cpu", status=Status.OK, compile_s=0.0, first_step_s=1.0,
                        step_s=StepStats.from_samples([1.0, 1.0, 1.0]), parity=_parity())
-    quick = CellResult("quick", "cpu", Status.OK, compile_s=0.2, first_step_s=0.5,
+    quick = CellResult(backend="quick", device="cpu", status=Status.OK, compile_s=0.2, first_step_s=0.5,
                        step_s=StepStats.from_samples([0.5, 0.5, 0.5]), parity=_parity())
     assert "repaid after 1 training step." in render_markdown(_report(eager, quick))

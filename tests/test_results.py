@@ -2,7 +2,10 @@ import math
 
 import pytest
 
-from cnncompare.core.results import CellResult, RunReport, Status, StepStats, derive
+from cnncompare.core.config import RunConfig
+from cnncompare.core.records import Status
+from cnncompare.core.results import CellResult, RunReport
+from cnncompare.core.stats import StepStats, derive
 
 
 def test_step_stats_keep_samples_and_derive_quartiles():
@@ -61,7 +64,7 @@ def test_no_speedup_without_ok_eager_on_the_same_device_or_for_failed_rows():
 
 
 def test_report_json_round_trip():
-    report = RunReport(environment={"torch": "x"}, config={"batch_size": 2}, results=[_cell("eager", 1.0)])
+    report = RunReport(environment={"torch": "x"}, config=RunConfig(batch_size=2), results=[_cell("eager", 1.0)])
     again = RunReport.from_dict(report.to_dict())
     assert again.results[0].step_s == report.results[0].step_s
     assert again.results[0].status is Status.OK

@@ -7,7 +7,7 @@ supply the documented default, so a backend with only ``name`` and
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 if TYPE_CHECKING:  # torch is imported lazily: `cnncompare --help` should not pay for it
     import torch
@@ -21,9 +21,8 @@ if TYPE_CHECKING:  # torch is imported lazily: `cnncompare --help` should not pa
 DEFAULT_PARITY_TOLERANCE = 1e-4
 
 
-@runtime_checkable
 class Backend(Protocol):
-    """A way of turning the workload's model into something faster.
+    """A way of turning the workload's model into something faster to train.
 
     Required members:
 
@@ -31,8 +30,8 @@ class Backend(Protocol):
         Unique across all plugins; used by ``--backends`` and shown in
         reports. Letters, digits and ``-_.:+`` only (no commas or spaces).
     ``compile(model, example, device) -> callable``
-        Returns a callable ``f(x) -> log-probabilities`` that trains
-        ``model``'s parameters (returning ``model`` itself is the eager
+        Returns a callable ``f(x) -> output`` (what ``model(x)`` returns,
+        fed to the workload's loss) that trains ``model``'s parameters (returning ``model`` itself is the eager
         baseline). ``example`` is an input batch already on ``device`` (a
         ``torch.device``); ``model`` is already on ``device`` and in train
         mode. The harness times this call as ``compile_s``; any lazy work
@@ -53,7 +52,8 @@ class Backend(Protocol):
         ``max(--warmup, min_warmup)``.
     ``compile_step(step, example, device) -> callable`` [absent]
         Called after ``compile`` with the whole training step
-        ``step(x, y) -> loss`` (forward, NLLLoss, zero_grad, backward, Adam);
+        ``step(x, y) -> loss`` (forward, the workload's loss, zero_grad,
+        backward, Adam);
         returns a replacement with the same signature, e.g. the step compiled
         as one function. Its wall time is added to ``compile_s``.
     ``make_train_step(forward, optimizer, loss_fn) -> callable`` [absent]

@@ -9,7 +9,7 @@ import importlib
 
 import torch
 
-import cnncompare
+from .. import hookimpl
 
 #: Debugging aids and deliberate failures that torch registers for its own tests.
 _EXCLUDED = ("TESTING_ONLY", "minifier", "eager_debug", "eager_noexcept", "crossref", "invoke_subgraph")
@@ -59,7 +59,7 @@ def dynamo_backend_names() -> list[str]:
     return [n for n in torch._dynamo.list_backends(exclude_tags=()) if not any(x in n for x in _EXCLUDED)]
 
 
-@cnncompare.hookimpl
+@hookimpl
 def cnncompare_register_backends(register):
     for name in dynamo_backend_names():
         register(DynamoBackend(name))

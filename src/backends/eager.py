@@ -1,7 +1,7 @@
 """Eager backends: the baseline, and what eager can win without compiling."""
 import torch
 
-import cnncompare
+from .. import hookimpl
 
 
 def to_channels_last(model):
@@ -43,7 +43,7 @@ class ChannelsLast(ChannelsLastInput):
         return to_channels_last(model)
 
 
-@cnncompare.hookimpl
+@hookimpl
 def cnncompare_register_backends(register):
     for cls in (Eager, EagerFused, ChannelsLast):
         register(cls())

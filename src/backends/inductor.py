@@ -1,14 +1,16 @@
 """torch.compile backends: the default, its modes, aot_eager, channels-last, and the whole step."""
+from typing import Optional
+
 import torch
 
-import cnncompare
-from cnncompare.backends.eager import ChannelsLastInput, to_channels_last
+from .. import hookimpl
+from .eager import ChannelsLastInput, to_channels_last
 
 
 class Compile:
     name = "compile"
     description = "torch.compile(model), default inductor backend; compiles lazily on the first step"
-    mode = None
+    mode: Optional[str] = None
     #: Modes that record CUDA graphs: meaningless off CUDA, and they need warm-up to record.
     uses_cudagraphs = False
 
@@ -85,7 +87,7 @@ class CompileStep:
         return torch.compile(step)
 
 
-@cnncompare.hookimpl
+@hookimpl
 def cnncompare_register_backends(register):
     for cls in (Compile, CompileStep, CompileReduceOverhead, CompileMaxAutotune, CompileMaxAutotuneNoCudagraphs,
                 AotEager, CompileChannelsLast):

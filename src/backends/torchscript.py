@@ -6,7 +6,7 @@ TracerWarning land in the report's notes, captured by the harness.
 """
 import torch
 
-import cnncompare
+from .. import hookimpl
 
 
 class JitTrace:
@@ -29,7 +29,7 @@ class JitScript:
         return torch.jit.script(model)
 
 
-@cnncompare.hookimpl
+@hookimpl
 def cnncompare_register_backends(register):
     register(JitTrace())
     register(JitScript())

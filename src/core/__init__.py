@@ -1,31 +1,21 @@
-"""The harness, one concern per module.
+"""The harness. Folders say which side of the process boundary code runs on.
 
-What is run
-- ``config``      the validated ``RunConfig`` dataclass
-- ``workload``    the CNN, the seeded batch and the train-step protocol
-- ``devices``     which devices exist and what ``--devices`` means
+- ``run/``      the parent: plans the cells, starts and supervises each cell's child
+- ``cell/``     inside a cell's child: measures one backend on one device
+- ``report/``   the parent again: markdown, JSON/CSV, charts, comparisons
 
-Measurement (inside each cell's child process)
-- ``child``       the child's entry point: payload in, JSON result out
-- ``forkserver``  forks each cell's child from a process that has imported torch and dynamo
-- ``measure``     one cell: timing, memory phases, parity against float64 eager
-- ``memory``      peak RSS per phase, per-step OS costs, the `--malloc` policy
-- ``diagnostics`` what dynamo did: graphs, breaks, recompiles
-- ``roofline``    FLOPs of a step and a matmul peak to hold them against
+Shared by both sides, importing nothing from either:
 
-Orchestration
-- ``orchestrate`` every cell in its own child: timeouts, memory watchdog, warm/cold cache
-- ``distributed`` ``--nproc``: a cell as a torchrun job under DDP (the ranks' side)
-- ``progress``    what the user sees while cells run
+- ``config``    ``RunConfig``: every option's default, flag and bounds, validated once
+- ``records``   the typed records that cross the boundary (``CellOrder`` in, ``CellRecord`` out)
+- ``codec``     their strict JSON reading
+- ``stats``     every statistic and derived figure, thresholds named once
+- ``results``   the report's rows and ``RunReport``; what makes two runs comparable
+- ``fileio``    atomic writes
+- ``processes`` a child never outlives its parent
 
-Results and reports
-- ``results``     result dataclasses, statistics, derived figures, JSON round trip
-- ``environment`` the machine and library versions recorded with every run
-- ``report``      markdown, JSON, CSV, merged reports
-- ``charts``      PNG charts (optional matplotlib)
-- ``compare``     two runs cell by cell, with a rank test
-- ``fileio``      atomic writes
-
-A new metric is collected in ``measure`` (or a module it calls), stored in
-``results`` and shown in ``report``. A new backend goes in ``cnncompare/backends``.
+Where things go: a new metric is measured in ``cell/`` (``measure`` or a
+module it calls), carried in ``records.Measured``, derived (if at all) in
+``stats`` and shown in ``report/``. A new backend goes in ``cnncompare/backends``
+or a plugin; a new workload in ``cnncompare/workloads`` or a plugin.
 """

@@ -1,10 +1,19 @@
-"""The run's configuration, validated on construction."""
+"""The run's configuration: every option's default, flag, help and bounds, stated once.
+
+``RunConfig`` validates itself on construction; the command line is built
+from its fields (``cli.build_parser`` reads the ``metadata`` below), so a
+default or a bound is written here and nowhere else.
+"""
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Optional
+import platform
+import sys
+from dataclasses import Field, asdict, dataclass, field, fields, replace
+from typing import Any, Mapping, Optional
+
+from .codec import from_data
 
 
 class ConfigError(ValueError):
@@ -26,7 +35,7 @@ def available_cores() -> int:
 #: the second (warm) run's figures are reported, with the cold compile times beside them.
 COMPILE_CACHE_MODES = ("cold", "warm")
 
-#: ``--malloc``: how the C allocator treats a cell's freed CPU memory (``memory.use_malloc``).
+#: ``--malloc``: how the C allocator treats a cell's freed CPU memory (``cell/memory.use_malloc``).
 #: system: the C library's defaults, what a user's own script gets. reuse: glibc keeps freed
 #: memory for the next allocation instead of handing it back to the kernel, so a step that frees
 #: and re-allocates the same large buffers stops paying a page fault (a zeroed page from the
@@ -34,60 +43,93 @@ COMPILE_CACHE_MODES = ("cold", "warm")
 #: guide recommends, with nothing to install.
 MALLOC_POLICIES = ("system", "reuse")
 
+DEFAULT_WORKLOAD = "seed-cnn"
+
+
+def malloc_supported(policy: str) -> Optional[str]:
+    """None if ``policy`` can be applied in this process's C library, else why not."""
+    if policy == "system":
+        return None
+    if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
+        return f"needs Linux with glibc (this is {sys.platform}, libc {platform.libc_ver()[0] or 'unknown'})"
+    return None
+
+
+def option(default: Any, flag: str, help: str, *, minimum: Optional[int] = None, choices: Optional[tuple] = None,
+           metavar: Optional[str] = None, group: Optional[str] = None, shown_default: Optional[str] = None) -> Any:
+    """A config field with its command-line flag. ``minimum``: a whole number at least that;
+    ``choices``: one of them. The flag's type is the default's (int, float or str)."""
+    return field(default=default, metadata={
+        "flag": flag, "help": help, "minimum": minimum, "choices": choices, "metavar": metavar, "group": group,
+        "shown_default": shown_default})
+
+
+DISTRIBUTED = "distributed (each cell a torchrun job under DistributedDataParallel)"
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """Which workload a run trains, with every option's value (defaults filled in when the
+    workload is resolved, ``workloads.base.resolve``), and the unit of one sample."""
+
+    name: str = DEFAULT_WORKLOAD
+    options: Mapping[str, Any] = field(default_factory=dict)
+    sample_unit: str = "sample"
+
 
 @dataclass(frozen=True)
 class RunConfig:
     """What one run measures. Defaults are the seed study's (batch 128, 28x28, 20 steps).
 
-    ``threads`` None means every core this process may use; it is resolved
-    and recorded when the run starts.
+    ``backends`` and ``devices`` are resolved names (the CLI expands ``all``
+    and patterns); ``threads`` None means every core this process may use,
+    resolved and recorded when the run starts.
     """
 
     backends: tuple[str, ...] = ("eager",)
     devices: tuple[str, ...] = ("cpu",)
-    batch_size: int = 128
-    image_size: int = 28
-    in_channels: int = 3
-    num_classes: int = 10
+    workload: WorkloadSpec = WorkloadSpec()
+    batch_size: int = option(128, "--batch-size", "samples per step", minimum=1)
     lr: float = 1e-3
-    steps: int = 20
-    warmup: int = 3
-    seed: int = 0
-    threads: Optional[int] = None
-    timeout_s: float = 600.0
-    max_memory_mb: Optional[int] = None
-    compile_cache: str = "cold"
-    compile_threads: int = 1
-    #: How the C allocator treats a cell's freed CPU memory: one of MALLOC_POLICIES.
-    malloc: str = "system"
+    steps: int = option(20, "--steps", "measured steps per cell", minimum=1)
+    warmup: int = option(3, "--warmup", "warm-up steps; a backend may ask for more", minimum=0)
+    seed: int = option(0, "--seed", "seed for weights and data", minimum=0)
+    threads: Optional[int] = option(None, "--threads", "torch CPU threads", minimum=1,
+                                    shown_default="every available core")
+    timeout_s: float = option(600.0, "--timeout", "seconds per cell before its processes are killed")
+    max_memory_mb: Optional[int] = option(
+        None, "--max-memory", "kill a cell whose processes exceed this RSS, reported as oom", minimum=64,
+        metavar="MB", shown_default="no cap")
+    compile_cache: str = option(
+        "cold", "--compile-cache", "cold: every cell compiles from an empty cache; warm: each cell runs twice "
+        "sharing its cache, reporting the warm run with the cold compile times beside it", choices=COMPILE_CACHE_MODES)
+    compile_threads: int = option(
+        1, "--compile-threads", "inductor compile workers (TORCHINDUCTOR_COMPILE_THREADS); 1 compiles in-process "
+        "so its memory counts in the cell", minimum=1)
+    malloc: str = option(
+        "system", "--malloc", "system: the C library's allocator as your own script gets it; reuse (glibc): freed "
+        "CPU memory is kept for the next step instead of returned to the kernel, so large tensors stop paying "
+        "page faults every step", choices=MALLOC_POLICIES)
     #: None: one process per cell, no DDP. N: each cell is a torchrun job of N ranks per node
     #: under DistributedDataParallel (1 is DDP with one rank, e.g. to prove nccl on one GPU).
-    nproc: Optional[int] = None
-    nnodes: int = 1
-    node_rank: int = 0
-    rdzv_endpoint: Optional[str] = None
+    nproc: Optional[int] = option(
+        None, "--nproc", "ranks per node: gloo on the CPU, nccl on CUDA (one GPU per rank); batch size is per "
+        "rank (weak scaling); CPU threads per rank = cores / N unless --threads", minimum=1, metavar="N",
+        group=DISTRIBUTED, shown_default="one process, no DDP")
+    nnodes: int = option(1, "--nnodes", "nodes in the job; run the same command on each with its --node-rank",
+                         minimum=1, group=DISTRIBUTED)
+    node_rank: int = option(0, "--node-rank", "this node's rank", minimum=0, group=DISTRIBUTED)
+    rdzv_endpoint: Optional[str] = option(
+        None, "--rdzv-endpoint", "torchrun's c10d rendezvous, the same on every node", metavar="HOST:PORT",
+        group=DISTRIBUTED, shown_default="--standalone on one node")
 
     def __post_init__(self) -> None:
-        positive = {
-            "--batch-size": self.batch_size,
-            "--image-size": self.image_size,
-            "--steps": self.steps,
-            "in_channels": self.in_channels,
-            "num_classes": self.num_classes,
-        }
-        for option, value in positive.items():
-            _require_int(option, value, minimum=1)
-        _require_int("--warmup", self.warmup, minimum=0)
-        _require_int("--seed", self.seed, minimum=0)
-        if self.threads is not None:
-            _require_int("--threads", self.threads, minimum=1)
-        if self.max_memory_mb is not None:
-            _require_int("--max-memory", self.max_memory_mb, minimum=64)
-        _require_int("--compile-threads", self.compile_threads, minimum=1)
-        if self.compile_cache not in COMPILE_CACHE_MODES:
-            raise ConfigError("--compile-cache", f"must be one of {', '.join(COMPILE_CACHE_MODES)}, got {self.compile_cache!r}")
-        if self.malloc not in MALLOC_POLICIES:
-            raise ConfigError("--malloc", f"must be one of {', '.join(MALLOC_POLICIES)}, got {self.malloc!r}")
+        for f in flagged_fields():
+            if f.metadata["minimum"] is not None and getattr(self, f.name) is not None:
+                _require_int(f.metadata["flag"], getattr(self, f.name), f.metadata["minimum"])
+            if f.metadata["choices"] and getattr(self, f.name) not in f.metadata["choices"]:
+                raise ConfigError(f.metadata["flag"], f"must be one of {', '.join(f.metadata['choices'])}, "
+                                  f"got {getattr(self, f.name)!r}")
         if not (isinstance(self.timeout_s, (int, float)) and math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ConfigError("--timeout", f"must be a positive number of seconds, got {self.timeout_s!r}")
         if isinstance(self.lr, bool) or not (isinstance(self.lr, (int, float)) and self.lr > 0):
@@ -99,10 +141,6 @@ class RunConfig:
             raise ConfigError("--devices", "no device selected")
 
     def _check_distributed(self) -> None:
-        if self.nproc is not None:
-            _require_int("--nproc", self.nproc, minimum=1)
-        _require_int("--nnodes", self.nnodes, minimum=1)
-        _require_int("--node-rank", self.node_rank, minimum=0)
         if self.node_rank >= self.nnodes:
             raise ConfigError("--node-rank", f"must be below --nnodes {self.nnodes}, got {self.node_rank}")
         if self.nnodes > 1 and self.nproc is None:
@@ -116,13 +154,14 @@ class RunConfig:
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ConfigError("--rdzv-endpoint", f"expected HOST:PORT, got {self.rdzv_endpoint!r}")
 
+    def check_here(self) -> None:
+        """What only this machine can refuse (the values themselves were checked on construction)."""
+        if why_not := malloc_supported(self.malloc):
+            raise ConfigError("--malloc", f"{self.malloc}: {why_not}")
+
     @property
     def distributed(self) -> bool:
         return self.nproc is not None
-
-    @property
-    def world_size(self) -> int:
-        return (self.nproc or 1) * self.nnodes
 
     @property
     def resolved_threads(self) -> int:
@@ -142,31 +181,38 @@ class RunConfig:
         data = asdict(self)
         data["backends"] = list(self.backends)
         data["devices"] = list(self.devices)
+        data["workload"]["options"] = dict(self.workload.options)
         data["threads"] = self.resolved_threads
         return data
 
     @classmethod
     def from_dict(cls, data: dict) -> "RunConfig":
-        known = {f for f in cls.__dataclass_fields__}
-        kwargs = {k: v for k, v in data.items() if k in known}
-        kwargs["backends"] = tuple(kwargs.get("backends", ()))
-        kwargs["devices"] = tuple(kwargs.get("devices", ()))
-        return cls(**kwargs)
+        """A recorded config; reports from before workloads (image size etc. at the top level)
+        are read as the seed CNN's options."""
+        data = dict(data)
+        if "workload" not in data:
+            data["workload"] = {"name": DEFAULT_WORKLOAD, "sample_unit": "image",
+                                "options": {k: data.pop(k) for k in ("image_size", "in_channels", "num_classes")
+                                            if k in data}}
+        data["backends"] = tuple(data.get("backends", ()))
+        data["devices"] = tuple(data.get("devices", ()))
+        return from_data(cls, data)
 
-    def workload_key(self) -> dict:
-        """What must match for two runs' cells to be comparable (used by --resume)."""
-        return workload_key(self.to_dict())
+    def comparable(self) -> dict[str, Any]:
+        """What must match for two runs' cells to be comparable: every field but those that
+        choose what runs, where, or how it is supervised."""
+        data = self.to_dict()
+        data["workload"].pop("sample_unit")
+        return {k: v for k, v in data.items() if k not in _SELECTION_KEYS}
 
 
-#: Config keys that choose what runs, where, or how it is run, not what a cell measures.
+#: Config keys that choose what runs, where, or how it is supervised, not what a cell measures.
 _SELECTION_KEYS = ("backends", "devices", "timeout_s", "max_memory_mb", "node_rank", "rdzv_endpoint")
 
 
-def workload_key(config: dict) -> dict:
-    """The comparable part of a recorded config (a report's ``config``), defaults filled in
-    for keys older reports lack. Two runs with different keys measured different things."""
-    defaults = {f.name: f.default for f in fields(RunConfig)}
-    return {k: config.get(k, defaults[k]) for k in defaults if k not in _SELECTION_KEYS}
+def flagged_fields() -> list[Field]:
+    """The config fields that have a command-line flag, in declaration order."""
+    return [f for f in fields(RunConfig) if "flag" in f.metadata]
 
 
 def _require_int(option: str, value: object, minimum: int) -> None:

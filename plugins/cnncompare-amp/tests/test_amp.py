@@ -9,13 +9,13 @@ import pytest
 import torch
 
 import cnncompare_amp
-from cnncompare.core.config import RunConfig
-from cnncompare.core.devices import DeviceSlot
-from cnncompare.core.orchestrate import run_cell
-from cnncompare.core.results import Status
+from cnncompare.core.config import RunConfig, WorkloadSpec
+from cnncompare.core.records import Status
+from cnncompare.core.run.devices import DeviceSlot
+from cnncompare.core.run.orchestrate import run_cell
 from cnncompare.plugins import load_registry
 
-TINY = dict(batch_size=4, image_size=8, steps=3, warmup=1, threads=1)
+TINY = dict(batch_size=4, workload=WorkloadSpec("seed-cnn", {"image_size": 8}, "image"), steps=3, warmup=1, threads=1)
 
 
 @pytest.fixture(autouse=True)

@@ -13,8 +13,6 @@ from typing import Optional
 
 import psutil
 
-from cnncompare.core.config import MALLOC_POLICIES
-
 _MB = 1024 * 1024
 
 
@@ -57,33 +55,20 @@ def process_usage() -> resource.struct_rusage:
     return resource.getrusage(resource.RUSAGE_SELF)
 
 
-def per_step_usage(before: resource.struct_rusage, after: resource.struct_rusage, steps: int) -> dict[str, float]:
-    """What the measured steps cost the OS, per step: user and kernel CPU seconds (all
-    threads) and page faults. On the CPU a large kernel share is mostly page faults: fresh
+def per_step_usage(before: resource.struct_rusage, after: resource.struct_rusage,
+                   steps: int) -> tuple[float, float, float]:
+    """What the measured steps cost the OS, per step: (user CPU s, kernel CPU s, page faults),
+    all threads. On the CPU a large kernel share is mostly page faults: fresh
     tensors above glibc's mmap threshold are mapped and zeroed by the kernel on every step
     (eager's for-loop Adam and a freed ``.grad`` re-allocate hundreds of MB per step)."""
     n = max(steps, 1)
-    return {
-        "cpu_user_s_per_step": (after.ru_utime - before.ru_utime) / n,
-        "cpu_sys_s_per_step": (after.ru_stime - before.ru_stime) / n,
-        "page_faults_per_step": ((after.ru_minflt - before.ru_minflt) + (after.ru_majflt - before.ru_majflt)) / n,
-    }
+    return ((after.ru_utime - before.ru_utime) / n, (after.ru_stime - before.ru_stime) / n,
+            ((after.ru_minflt - before.ru_minflt) + (after.ru_majflt - before.ru_majflt)) / n)
 
 
 # mallopt(3) parameters, from glibc's <malloc.h>.
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
-
-
-def malloc_supported(policy: str) -> Optional[str]:
-    """None if ``policy`` can be applied in this process's C library, else why not."""
-    if policy == "system":
-        return None
-    import platform
-
-    if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
-        return f"needs Linux with glibc (this is {sys.platform}, libc {platform.libc_ver()[0] or 'unknown'})"
-    return None
 
 
 def use_malloc(policy: str) -> None:
@@ -94,12 +79,9 @@ def use_malloc(policy: str) -> None:
     trimmed back to the kernel. Freed blocks stay in the process for the next step, so RSS no
     longer falls between steps, and fragmentation of the one heap can raise the peak (the
     report's peak RSS shows by how much).
-    Raises OSError where the C library refuses.
+    The policy was checked against this platform before any cell ran
+    (``RunConfig.check_here``). Raises OSError where the C library refuses.
     """
-    if policy not in MALLOC_POLICIES:
-        raise ValueError(f"unknown malloc policy {policy!r}; choose from {', '.join(MALLOC_POLICIES)}")
-    if why_not := malloc_supported(policy):
-        raise OSError(f"malloc policy {policy}: {why_not}")
     if policy == "system":
         return
     import ctypes

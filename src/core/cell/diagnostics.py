@@ -12,6 +12,8 @@ import logging
 import sys
 from typing import Any, Optional
 
+from ..records import DynamoStats
+
 
 class DynamoWatch:
     """Started before ``backend.compile``; ``report()`` after the measured steps."""
@@ -43,7 +45,7 @@ class DynamoWatch:
     def _on_start(self, args: Any) -> None:
         self.compile_ids.append(str(getattr(args, "compile_id", args)))
 
-    def report(self, cuda_index: Optional[int] = None) -> Optional[dict]:
+    def report(self, cuda_index: Optional[int] = None) -> Optional[DynamoStats]:
         """None when dynamo never ran in this cell (eager, TorchScript, …). ``cuda_index``:
         the cell's CUDA device, whose CUDA-graph trees are counted."""
         if "torch._dynamo" not in sys.modules:
@@ -58,24 +60,24 @@ class DynamoWatch:
         recompiles = None
         if self.compile_ids is not None:
             recompiles = sum(1 for cid in self.compile_ids if _frame_compile_index(cid) > 0)
-        result = {
-            "graphs": graphs,
-            "graph_breaks": int(sum(breaks.values())),
-            "recompiles": recompiles,
-            "frames_compiled": int(counters["frames"]["ok"]),
-            "frames_seen": frames_total,
+        result = DynamoStats(
+            graphs=graphs,
+            graph_breaks=int(sum(breaks.values())),
+            recompiles=recompiles,
+            frames_compiled=int(counters["frames"]["ok"]),
+            frames_seen=frames_total,
             # Dynamo ran but captured nothing, or hit its recompile limit: the step ran (partly) eager.
-            "fell_back_to_eager": graphs == 0 or bool(self.fallback_messages),
+            fell_back_to_eager=graphs == 0 or bool(self.fallback_messages),
             # The first line of each reason names it; the rest is dynamo's long explanation.
-            "break_reasons": [f"{reason.strip().splitlines()[0][:200]} (x{n})"
-                              for reason, n in sorted(breaks.items(), key=lambda kv: -kv[1])[:5]],
-            "warnings": self.fallback_messages[:5],
-        }
+            break_reasons=[f"{reason.strip().splitlines()[0][:200]} (x{n})"
+                           for reason, n in sorted(breaks.items(), key=lambda kv: -kv[1])[:5]],
+            warnings=self.fallback_messages[:5],
+        )
         if "torch._inductor" in sys.modules and cuda_index is not None:
             # Whether CUDA graphs were really used: a mode that asks for them can still skip
             # them (CPU tensors, mutated inputs, dynamic shapes), and inductor only counts skips.
-            result["cudagraph_skips"] = int(counters["inductor"].get("cudagraph_skips", 0))
-            result["cudagraphs_recorded"] = cudagraphs_recorded(cuda_index)
+            result.cudagraph_skips = int(counters["inductor"].get("cudagraph_skips", 0))
+            result.cudagraphs_recorded = cudagraphs_recorded(cuda_index)
         return result
 
 

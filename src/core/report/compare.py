@@ -10,12 +10,10 @@ from typing import Optional
 
 from tabulate import tabulate
 
-from cnncompare.core.config import workload_key
-from cnncompare.core.environment import COMPARABLE_KEYS
-from cnncompare.core.report import md_cell
-from cnncompare.core.results import RunReport, Status
-
-DEFAULT_ALPHA = 0.05
+from ..records import Status
+from ..results import RunReport, differences
+from ..stats import rank_test
+from .markdown import md_cell
 
 
 @dataclass
@@ -42,8 +40,6 @@ class CellComparison:
 
 
 def compare_runs(base: RunReport, new: RunReport) -> list[CellComparison]:
-    from scipy.stats import mannwhitneyu
-
     base_cells = {(r.backend, r.device): r for r in base.results}
     new_cells = {(r.backend, r.device): r for r in new.results}
     out = []
@@ -53,26 +49,14 @@ def compare_runs(base: RunReport, new: RunReport) -> list[CellComparison]:
         if b and n and b.status == n.status == Status.OK and b.step_s and n.step_s:
             c.base_median, c.new_median = b.step_s.median, n.step_s.median
             c.ratio = c.new_median / c.base_median
-            if len(b.step_s.samples) > 1 and len(n.step_s.samples) > 1:
-                c.p_value = float(mannwhitneyu(b.step_s.samples, n.step_s.samples, alternative="two-sided").pvalue)
+            c.p_value = rank_test(b.step_s.samples, n.step_s.samples)
         out.append(c)
     return out
 
 
-def environment_changes(base: RunReport, new: RunReport) -> list[str]:
-    """What differs between the two runs' machines and workloads (batch, steps, ``--malloc``, ...)."""
-    keys = list(dict.fromkeys([*COMPARABLE_KEYS, "platform", "nvidia_driver"]))
-    changes = [f"{k}: {base.environment.get(k)!r} → {new.environment.get(k)!r}"
-               for k in keys if base.environment.get(k) != new.environment.get(k)]
-    old_key, new_key = (workload_key(r.config) for r in (base, new))
-    return changes + [f"{k}: {old_key.get(k)!r} → {new_key.get(k)!r}"
-                      for k in dict.fromkeys([*old_key, *new_key])
-                      if k not in keys and old_key.get(k) != new_key.get(k)]
-
-
 def regressions(cells: list[CellComparison], fail_above_pct: float) -> list[CellComparison]:
     """Cells ok in both runs whose median got slower by more than ``fail_above_pct`` percent."""
-    return [c for c in cells if c.comparable and c.change_pct > fail_above_pct]
+    return [c for c in cells if c.change_pct is not None and c.change_pct > fail_above_pct]
 
 
 def render_comparison(base: RunReport, new: RunReport, cells: list[CellComparison], alpha: float,
@@ -80,14 +64,14 @@ def render_comparison(base: RunReport, new: RunReport, cells: list[CellCompariso
     out = ["# cnncompare: comparison", "",
            f"Base: {md_cell(base.started_at)} · new: {md_cell(new.started_at)}. Ratio = new median ÷ base median "
            f"(> 1 is slower). *Beyond noise* = Mann-Whitney U test on the per-step samples, two-sided, p < {alpha:g}."]
-    changes = environment_changes(base, new)
+    changes = differences(base, new)
     if changes:
         out += ["", "**The environment or the workload changed**, so differences may come from them, not the code:", ""]
         out += [f"- {md_cell(c)}" for c in changes]
     for device in dict.fromkeys(c.device for c in cells):
         rows = []
         for c in (c for c in cells if c.device == device):
-            if c.comparable:
+            if c.ratio is not None:
                 verdict = ("slower" if c.ratio > 1 else "faster") if c.significant(alpha) else "within noise"
                 rows.append([md_cell(c.backend), f"{c.base_median:.4g}", f"{c.new_median:.4g}", f"{c.ratio:.3f}",
                              f"{c.change_pct:+.1f} %", "–" if c.p_value is None else f"{c.p_value:.3g}", verdict])

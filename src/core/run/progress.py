@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import IO, Optional
+from typing import IO, Any, Optional
 
 #: Plain mode prints the current phase this often while nothing else is printed.
 HEARTBEAT_S = 20.0
@@ -79,7 +79,7 @@ class BarProgress(Progress):
 
     def __init__(self, stream: IO[str] = sys.stderr):
         self.stream = stream
-        self.bar = None
+        self.bar: Any = None
         self._phase_start = time.monotonic()
         self._phase: Optional[str] = None
 

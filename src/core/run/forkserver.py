@@ -2,10 +2,12 @@
 
 Importing torch and torch._dynamo costs ~5 s per process on the 2-core
 reference machine, more than the rest of a small cell. The server
-(``python -m cnncompare.core.forkserver``) imports them once, then does
+(``python -m cnncompare.core.run.forkserver``) imports them once, then does
 nothing else: no tensor, no thread pool, no CUDA, no compilation. A child
-forked from it is as clean as a fresh interpreter; ``child.forked_main``
-gives it its own session, environment, directory and log.
+forked from it is as clean as a fresh interpreter; ``cell.main.forked_main``
+gives it its own session, environment, directory and log. The server dies
+with the run's process and each cell with the server (``PR_SET_PDEATHSIG``),
+so a run killed with SIGKILL leaves nothing training.
 
 Why not ``multiprocessing``'s forkserver: it re-imports the parent's main
 module in every child (its "safe importing of main" rule), so a script
@@ -28,7 +30,7 @@ import sys
 from typing import Optional
 
 #: Imported once in the server (not torch._inductor's compile workers: the child sets their count).
-PRELOAD = ("torch", "torch._dynamo", "cnncompare.core.measure", "cnncompare.core.diagnostics", "cnncompare.core.child")
+PRELOAD = ("torch", "torch._dynamo", "cnncompare.core.cell.measure", "cnncompare.core.cell.main")
 
 
 def _exit_code(status: int) -> int:
@@ -38,16 +40,19 @@ def _exit_code(status: int) -> int:
 def serve() -> None:
     import importlib
 
+    from ..cell.main import forked_main
+    from ..processes import die_with_parent
+
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     for name in PRELOAD:
         importlib.import_module(name)
-    from cnncompare.core.child import forked_main
 
     out = sys.stdout
     out.write(json.dumps({"ready": os.getpid()}) + "\n")
     out.flush()
     stdin = sys.stdin.fileno()
-    buffer, running = b"", set()
+    buffer, running = b"", set[int]()
     while True:
         readable, _, _ = select.select([stdin], [], [], 0.05)
         while running:
@@ -107,12 +112,12 @@ class ForkServer:
     def _start(self) -> subprocess.Popen:
         # Its own session: a Ctrl-C in the terminal is the parent's, and killing a cell's
         # process group never reaches the server.
-        proc = subprocess.Popen([sys.executable, "-m", "cnncompare.core.forkserver"], stdin=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-m", "cnncompare.core.run.forkserver"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, start_new_session=True)
         self._proc, self._buffer = proc, b""
         message = self._read_message(block=True)
         if message is None or "ready" not in message:
-            raise RuntimeError("the cnncompare fork server did not start (run 'python -m cnncompare.core.forkserver' "
+            raise RuntimeError("the cnncompare fork server did not start (run 'python -m cnncompare.core.run.forkserver' "
                                "to see why)")
         return proc
 
@@ -161,6 +166,7 @@ class ForkServer:
 
     def close(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
+            assert self._proc.stdin is not None
             self._proc.stdin.close()
             try:
                 self._proc.wait(timeout=5)

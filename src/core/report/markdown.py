@@ -1,4 +1,4 @@
-"""Markdown and JSON renderings of a ``RunReport``.
+"""The markdown report of a ``RunReport``: it formats, it never computes (``stats`` does).
 
 Backend names, descriptions, warnings and errors come from third-party code,
 so every table cell is escaped (no ``|``, newline, backtick or HTML can
@@ -8,14 +8,16 @@ backtick run they contain.
 from __future__ import annotations
 
 import html
-import json
-import math
 import re
 from typing import Any, Optional
 
 from tabulate import tabulate
 
-from cnncompare.core.results import CellResult, RunReport, Status
+from ..config import RunConfig
+from ..records import Status
+from ..results import CellResult, RunReport
+from ..stats import KERNEL_SHARE_HINT, NOISE_THRESHOLD, kernel_share, verdict
+from .charts import PLOT_HINT
 
 
 def md_cell(value: Any) -> str:
@@ -51,13 +53,18 @@ def _parity_cell(r: CellResult) -> str:
 
 def _sorted(results: list[CellResult]) -> list[CellResult]:
     """ok rows fastest first, then the rest in run order."""
-    ok = sorted((r for r in results if r.status == Status.OK and r.step_s), key=lambda r: r.step_s.median)
+    ok = sorted((r for r in results if r.status == Status.OK and r.step_s),
+                key=lambda r: r.step_s.median if r.step_s else 0.0)
     return ok + [r for r in results if r not in ok]
 
 
-def _device_table(results: list[CellResult]) -> str:
+def _per_s(config: RunConfig) -> str:
+    return f"{config.workload.sample_unit}s/s"
+
+
+def _device_table(results: list[CellResult], config: RunConfig) -> str:
     cuda = any(r.cuda_peak_allocated_mb is not None for r in results)
-    headers = ["backend", "status", "step median (s)", "IQR (s)", "images/s", "speedup vs eager",
+    headers = ["backend", "status", "step median (s)", "IQR (s)", _per_s(config), "speedup vs eager",
                "compile (s)", "first step (s)", "break-even (steps)", "peak RSS (MB)"]
     if cuda:
         headers += ["CUDA peak alloc (MB)", "CUDA peak reserved (MB)"]
@@ -94,14 +101,14 @@ def _diagnostics_table(results: list[CellResult]) -> Optional[str]:
     for r in _sorted(results):
         if r.step_s is None:
             continue
-        d = r.dynamo or {}
+        d = r.dynamo
         dyn = "–"
-        if d:
-            recompiles = "?" if d.get("recompiles") is None else d["recompiles"]
-            dyn = f"{d.get('graphs')} / {d.get('graph_breaks')} / {recompiles}" + (" fell back to eager" if d.get("fell_back_to_eager") else "")
-            if "cudagraphs_recorded" in d:
-                recorded = "?" if d["cudagraphs_recorded"] is None else d["cudagraphs_recorded"]
-                dyn += f"; CUDA graphs {recorded} recorded, {d.get('cudagraph_skips', 0)} skipped"
+        if d is not None:
+            recompiles = "?" if d.recompiles is None else d.recompiles
+            dyn = f"{d.graphs} / {d.graph_breaks} / {recompiles}" + (" fell back to eager" if d.fell_back_to_eager else "")
+            if r.device.startswith("cuda") and d.cudagraph_skips is not None:
+                recorded = "?" if d.cudagraphs_recorded is None else d.cudagraphs_recorded
+                dyn += f"; CUDA graphs {recorded} recorded, {d.cudagraph_skips} skipped"
         cache = r.compile_cache or "–"
         if r.cold_compile_s is not None:
             cache += f" (cold: compile {_num(r.cold_compile_s)} s, first step {_num(r.cold_first_step_s)} s)"
@@ -122,65 +129,65 @@ def _diagnostics_table(results: list[CellResult]) -> Optional[str]:
                     tablefmt="github", disable_numparse=True)
 
 
-def _scaling_table(results: list[CellResult]) -> Optional[str]:
+def _scaling_table(results: list[CellResult], config: RunConfig) -> Optional[str]:
     """Under --nproc: what N ranks give over one process of the same backend."""
     rows = []
     for r in _sorted(results):
         d = r.distributed
-        if not d:
+        if d is None:
             continue
-        eff = d.get("scaling_efficiency")
-        identical = d.get("ranks_identical")
+        eff = d.scaling_efficiency
         rows.append([
-            md_cell(r.backend), md_cell(r.status.value), str(d.get("nproc")), md_cell(d.get("process_group")),
-            _num(d.get("global_images_per_s")), _num(d.get("slowest_rank_step_median_s")),
-            f"rank {d.get('slowest_rank')}", _num(d.get("single_process_images_per_s")),
+            md_cell(r.backend), md_cell(r.status.value), str(d.nproc), md_cell(d.process_group),
+            _num(d.global_images_per_s), _num(d.slowest_rank_step_median_s),
+            f"rank {d.slowest_rank}", _num(d.single_process_images_per_s),
             "–" if eff is None else f"{eff:.2f}",
-            "–" if identical is None else ("yes" if identical else f"NO ({d.get('max_rank_weight_diff'):.2g})"),
+            "yes" if d.ranks_identical else f"NO ({d.max_rank_weight_diff:.2g})",
         ])
     if not rows:
         return None
-    return tabulate(rows, headers=["backend", "status", "ranks", "process group", "global images/s",
-                                   "slowest rank median (s)", "slowest", "single-process images/s",
+    return tabulate(rows, headers=["backend", "status", "ranks", "process group", f"global {_per_s(config)}",
+                                   "slowest rank median (s)", "slowest", f"single-process {_per_s(config)}",
                                    "scaling efficiency", "ranks identical"],
                     tablefmt="github", disable_numparse=True)
 
 
-def _scaling_line(device: str, results: list[CellResult]) -> Optional[str]:
+def _scaling_line(device: str, results: list[CellResult], config: RunConfig) -> Optional[str]:
     d = next((r.distributed for r in results if r.distributed), None)
     if d is None:
         return None
-    threads = d.get("threads_per_rank")
-    return (f"Scaling ({md_cell(device)}): DistributedDataParallel over {d['nproc']} ranks "
-            f"({d['nnodes']} node(s) × {d['nproc_per_node']}), weak scaling: {d['batch_size_per_rank']} images "
-            f"per rank, {d['global_batch_size']} per global step"
+    threads = d.threads_per_rank
+    unit = config.workload.sample_unit
+    return (f"Scaling ({md_cell(device)}): DistributedDataParallel over {d.nproc} ranks "
+            f"({d.nnodes} node(s) × {d.nproc_per_node}), weak scaling: {d.batch_size_per_rank} {unit}s "
+            f"per rank, {d.global_batch_size} per global step"
             + (f", {threads} CPU thread(s) per rank" if threads and device == "cpu" else "")
-            + ". Scaling efficiency = global images/s ÷ (ranks × the same backend's single-process images/s, "
+            + f". Scaling efficiency = global {_per_s(config)} ÷ (ranks × the same backend's single-process "
+            f"{_per_s(config)}, "
             "measured in this run with one rank's batch and threads); 1.00 means DDP costs nothing. "
             "The tables above show the slowest rank's steps: a synchronous step waits for it.")
 
 
 def _summary_line(device: str, results: list[CellResult]) -> str:
     """Which backend to pick on this device, what it costs up front, and whether the win is real."""
-    ok = [r for r in results if r.status == Status.OK and r.step_s]
-    eager = next((r for r in ok if r.backend == "eager"), None)
-    if not ok:
+    v = verdict(device, results)
+    best = v.best
+    if best is None or best.step_s is None:
         return f"- **{md_cell(device)}**: no backend finished `ok`."
-    best = min(ok, key=lambda r: r.step_s.median)
     text = f"- **{md_cell(device)}**: pick **{md_cell(best.backend)}**, {best.step_s.median:.4g} s/step"
-    if eager is None:
+    if v.eager is None:
         return text + " (no eager row, so no speedup)."
-    if best is eager:
+    if best is v.eager:
         return text + ": no backend beat eager here."
     text += f", {best.speedup_vs_eager:.2f}x eager"
     if best.break_even_steps == 0:
         text += ", with no extra up-front cost"
     elif (steps := best.break_even_steps) is not None:
         text += f"; its extra compile cost is repaid after {steps} training step{'' if steps == 1 else 's'}"
-    if best.step_s.q3 >= eager.step_s.q1:
+    if v.overlaps_eager:
         text += " (its quartiles overlap eager's: within the noise, rerun before trusting it)"
-    elif best.step_s.relative_spread > 0.1 or eager.step_s.relative_spread > 0.1:
-        text += " (spread above 10 % of the median: a noisy machine)"
+    elif v.noisy:
+        text += f" (spread above {NOISE_THRESHOLD * 100:.0f} % of the median: a noisy machine)"
     return text + "."
 
 
@@ -195,13 +202,22 @@ def _environment_table(env: dict) -> str:
     return tabulate(rows, headers=["", ""], tablefmt="github", disable_numparse=True)
 
 
-def _config_table(config: dict) -> str:
-    rows = [[md_cell(k), md_cell(", ".join(v) if isinstance(v, list) else ("–" if v is None else v))] for k, v in config.items()]
+def _config_value(value: Any) -> str:
+    if isinstance(value, list):
+        return ", ".join(value)
+    if isinstance(value, dict):  # the workload: its name, options and unit
+        options = ", ".join(f"{k}={v}" for k, v in value["options"].items())
+        return f"{value['name']} ({options}; one sample: one {value['sample_unit']})" if options else value["name"]
+    return "–" if value is None else str(value)
+
+
+def _config_table(config: RunConfig) -> str:
+    rows = [[md_cell(k), md_cell(_config_value(v))] for k, v in config.to_dict().items()]
     return tabulate(rows, headers=["option", "value"], tablefmt="github", disable_numparse=True)
 
 
 HOW_TO_READ = """\
-- **step median / IQR**: seconds per training step (forward, NLLLoss, zero_grad, backward, Adam)
+- **step median / IQR**: seconds per training step (forward, the workload's loss, zero_grad, backward, Adam)
   over the measured steps after warm-up; IQR = third minus first quartile. CPU steps are timed with
   `perf_counter`, CUDA steps with events, so no queued GPU work escapes the timed region.
 - **speedup vs eager**: eager's median ÷ this backend's median on the same device; >1 is faster.
@@ -238,13 +254,16 @@ HOW_TO_READ = """\
 def _run_line(report: RunReport) -> str:
     env, config = report.environment, report.config
     gpus = ", ".join(g["name"] for g in env.get("gpus") or [])
+    workload = config.workload
+    options = ", ".join(f"{k} {v}" for k, v in workload.options.items())
     return (
         f"Measured {md_cell(report.started_at or env.get('date', ''))} with cnncompare {md_cell(env.get('cnncompare'))}, "
         f"torch {md_cell(env.get('torch'))}, on {md_cell(env.get('cpu'))} ({env.get('threads')} threads)"
         + (f" and {md_cell(gpus)}" if gpus else "") + ". "
-        f"Batch {config['batch_size']} × {config.get('in_channels', 3)} × {config['image_size']} × {config['image_size']}, "
-        f"{config['warmup']} warm-up + {config['steps']} measured steps per cell"
-        + (f"; C allocator: `--malloc {md_cell(config['malloc'])}`" if config.get("malloc", "system") != "system" else "")
+        f"Workload **{md_cell(workload.name)}**" + (f" ({md_cell(options)})" if options else "")
+        + f", batch {config.batch_size} {md_cell(workload.sample_unit)}s, "
+        f"{config.warmup} warm-up + {config.steps} measured steps per cell"
+        + (f"; C allocator: `--malloc {md_cell(config.malloc)}`" if config.malloc != "system" else "")
         + "."
     )
 
@@ -252,7 +271,6 @@ def _run_line(report: RunReport) -> str:
 def render_markdown(report: RunReport, charts: Optional[list[tuple[str, str]]] = None, final: bool = False) -> str:
     """The report. ``charts`` are (title, file) pairs to link; at the ``final`` write, no charts
     means matplotlib is missing, and the report says how to get them."""
-    report.derive()
     env, config = report.environment, report.config
     out = ["# cnncompare report", ""]
     status = "**interrupted**: this run was stopped before every cell finished. " if report.interrupted else ""
@@ -260,18 +278,16 @@ def render_markdown(report: RunReport, charts: Optional[list[tuple[str, str]]] =
     out += ["", "## Summary", ""]
     devices = report.devices()
     for device in devices:
-        out.append(_summary_line(device, [r for r in report.results if r.device == device]))
+        out.append(_summary_line(device, report.rows(device)))
     if not devices:
         out.append("No cell finished.")
     if charts:
         out += [""] + [f"![{md_cell(title)}]({name})" for title, name in charts]
     elif final and charts is None:
-        from cnncompare.core.charts import PLOT_HINT
-
         out += ["", PLOT_HINT]
     for device in devices:
-        rows = [r for r in report.results if r.device == device]
-        out += ["", f"## {md_cell(device)}", "", _device_table(rows)]
+        rows = report.rows(device)
+        out += ["", f"## {md_cell(device)}", "", _device_table(rows, config)]
         diagnostics = _diagnostics_table(rows)
         if diagnostics:
             peak = next((r.peak_gflops for r in rows if r.peak_gflops), None)
@@ -279,9 +295,9 @@ def render_markdown(report: RunReport, charts: Optional[list[tuple[str, str]]] =
             out += ["", f"Why ({md_cell(device)}): the step is {_num(gflop)} GFLOP (forward + backward); "
                         f"an fp32 matmul probe reached {_num(peak)} GFLOP/s here.{_kernel_time_hint(rows, config)}",
                     "", diagnostics]
-        scaling = _scaling_table(rows)
+        scaling = _scaling_table(rows, config)
         if scaling:
-            out += ["", _scaling_line(device, rows), "", scaling]
+            out += ["", _scaling_line(device, rows, config) or "", "", scaling]
     out += ["", "## How to read this", "", HOW_TO_READ.rstrip()]
     out += ["", "## Environment", "", _environment_table(env)]
     out += ["", "## Configuration", "", _config_table(config)]
@@ -291,18 +307,14 @@ def render_markdown(report: RunReport, charts: Optional[list[tuple[str, str]]] =
     return "\n".join(out).rstrip() + "\n"
 
 
-#: Above this share of a row's CPU time in the kernel, the report points at ``--malloc reuse``.
-_KERNEL_SHARE_HINT = 0.2
-
-
-def _kernel_time_hint(rows: list[CellResult], config: dict) -> str:
+def _kernel_time_hint(rows: list[CellResult], config: RunConfig) -> str:
     """A sentence when page faults, not compute, are a large share of eager's CPU step under the
     system allocator; empty otherwise (and on accelerators, whose host kernel time is the driver's)."""
     eager = next((r for r in rows if r.backend == "eager" and r.status is Status.OK and r.device == "cpu"), None)
-    if config.get("malloc", "system") != "system" or eager is None or not eager.cpu_sys_s_per_step:
+    if config.malloc != "system" or eager is None:
         return ""
-    share = eager.cpu_sys_s_per_step / (eager.cpu_sys_s_per_step + (eager.cpu_user_s_per_step or 0))
-    if share < _KERNEL_SHARE_HINT:
+    share = kernel_share(eager.cpu_user_s_per_step, eager.cpu_sys_s_per_step)
+    if share is None or share < KERNEL_SHARE_HINT:
         return ""
     return (f" {share:.0%} of eager's CPU time is in the kernel, mostly page faults: freed tensors go back to "
             "the OS and come back as fresh zeroed pages every step. `--malloc reuse` keeps them in the process "
@@ -330,50 +342,6 @@ def _notes(report: RunReport) -> list[str]:
     return out
 
 
-def render_json(report: RunReport) -> str:
-    return json.dumps(_finite(report.to_dict()), indent=2, allow_nan=False) + "\n"
-
-
-def _finite(value: Any) -> Any:
-    """NaN and infinity are not JSON: a figure that is not a number is null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
-
-
-#: CSV columns: the JSON's keys, nested ones dotted.
-CSV_COLUMNS = (
-    "backend", "device", "status", "plugin", "compile_s", "first_step_s", "step_s.median", "step_s.q1",
-    "step_s.q3", "step_s.min", "step_s.max", "step_s.n", "images_per_s", "speedup_vs_eager",
-    "break_even_steps", "threads", "peak_rss_mb", "cuda_peak_allocated_mb", "cuda_peak_reserved_mb",
-    "parity.passed", "parity.loss_rel_error", "parity.grad_rel_error", "parity.weight_rel_error",
-    "distributed.nproc", "distributed.global_images_per_s", "distributed.slowest_rank_step_median_s",
-    "distributed.scaling_efficiency", "error",
-)
-
-
-def render_csv(report: RunReport) -> str:
-    import csv
-    import io
-
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
-    for row in _finite(report.to_dict())["results"]:
-        values = []
-        for column in CSV_COLUMNS:
-            value: Any = row
-            for part in column.split("."):
-                value = value.get(part) if isinstance(value, dict) else None
-            values.append("" if value is None else value)
-        writer.writerow(values)
-    return buf.getvalue()
-
-
 def render_combined(reports: list[RunReport]) -> str:
     """One report from several runs (e.g. a CPU laptop and a GPU server), each with its environment."""
     out = ["# cnncompare: combined report", "", f"{len(reports)} runs, each measured on its own machine:", ""]
@@ -381,14 +349,13 @@ def render_combined(reports: list[RunReport]) -> str:
         out.append(f"{i}. " + ("(interrupted) " if rep.interrupted else "") + _run_line(rep))
     out += ["", "## Summary", ""]
     for i, rep in enumerate(reports, 1):
-        rep.derive()
         for device in rep.devices():
-            line = _summary_line(device, [r for r in rep.results if r.device == device])
+            line = _summary_line(device, rep.rows(device))
             out.append(line.replace(f"**{md_cell(device)}**", f"**run {i}, {md_cell(device)}**", 1))
     for i, rep in enumerate(reports, 1):
         for device in rep.devices():
             out += ["", f"## Run {i}: {md_cell(device)} ({md_cell(rep.environment.get('cpu'))})", "",
-                    _device_table([r for r in rep.results if r.device == device])]
+                    _device_table(rep.rows(device), rep.config)]
     keys = list(dict.fromkeys(k for rep in reports for k in rep.environment))
     rows = [[md_cell(k)] + [md_cell(_env_value(k, rep.environment.get(k))) for rep in reports] for k in keys]
     out += ["", "## Environments", "", tabulate(rows, headers=[""] + [f"run {i}" for i in range(1, len(reports) + 1)],

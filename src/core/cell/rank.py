@@ -1,8 +1,8 @@
-"""DistributedDataParallel cells: torchrun launches the ranks, this module is their side.
+"""A DDP rank's side of a ``--nproc`` cell (torchrun starts the ranks: ``run/torchrun.py``).
 
 A ``--nproc N`` cell is one ``torch.distributed.run`` job (torchrun's own
 launcher and rendezvous; nothing home-made). Each rank runs the ordinary
-measurement (``measure.run_cell``) with a ``Rank``: it trains on its slice of
+measurement (``measure.measure``) with a ``Rank``: it trains on its slice of
 a global batch of ``N x --batch-size`` images (weak scaling), the backend
 compiles the model and DDP wraps the result (the order the issue and
 accelerate#4017 prescribe; DDP then sees a module whose gradients arrive
@@ -25,15 +25,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import statistics
-import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
-#: Memory figures: the row reports the largest rank's (the one that needs the most memory).
-_PEAK_KEYS = ("peak_rss_mb", "peak_rss_first_step_mb", "peak_rss_steady_mb", "cuda_peak_allocated_mb",
-              "cuda_peak_reserved_mb", "cuda_peak_allocated_first_step_mb", "cuda_peak_reserved_first_step_mb",
-              "rss_baseline_mb")
+from .. import stats
+from ..records import CellRecord, DistributedFigures
 
 
 @dataclass(frozen=True)
@@ -65,21 +61,6 @@ def rank_device(slot: str, rank: Rank) -> str:
     if kind != "cuda":
         return slot
     return f"cuda:{int(index or 0) + rank.local_rank}"
-
-
-def unavailable(slot: str, nproc: int) -> Optional[str]:
-    """Why ``nproc`` ranks can't run on ``slot`` here (CUDA needs one GPU per rank), else None."""
-    kind, _, index = slot.partition(":")
-    if kind == "mps":
-        return "DDP has no MPS process-group backend (gloo is CPU, nccl is CUDA)"
-    if kind != "cuda":
-        return None
-    from cnncompare.core.devices import _cuda_count
-
-    first, count = int(index or 0), _cuda_count()
-    if first + nproc > count:
-        return f"--nproc {nproc} needs GPUs cuda:{first}..cuda:{first + nproc - 1}, this machine has {count}"
-    return None
 
 
 def init(device: Any, timeout_s: float) -> str:
@@ -139,12 +120,12 @@ def weight_spread(params: list) -> float:
     return float(worst.item())
 
 
-def gather(figures: dict) -> list[dict]:
-    """Every rank's figures, in rank order, on every rank."""
+def gather(record: CellRecord) -> list[CellRecord]:
+    """Every rank's record, in rank order, on every rank."""
     import torch.distributed as dist
 
     out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, figures)
+    dist.all_gather_object(out, record)
     return out
 
 
@@ -155,43 +136,44 @@ def finish() -> None:
         dist.destroy_process_group()
 
 
-def combine(per_rank: list[dict], rank: Rank, pg_backend: str, batch_size: int) -> dict:
-    """One row from every rank's figures: the slowest rank's steps, the largest one-off
-    costs and memory peaks, and the ``distributed`` object (per-rank medians kept)."""
-    medians = [statistics.median(f["step_samples"]) for f in per_rank]
-    slowest = max(range(len(per_rank)), key=medians.__getitem__)
-    row = dict(per_rank[slowest])
-    for key in ("compile_s", "first_step_s", *_PEAK_KEYS):
-        values = [f[key] for f in per_rank if f.get(key) is not None]
-        row[key] = max(values) if values else None
-    row["distributed"] = {
-        "nproc": rank.world,
-        "nnodes": rank.world // rank.local_world,
-        "nproc_per_node": rank.local_world,
-        "process_group": pg_backend,
-        "batch_size_per_rank": batch_size,
-        "global_batch_size": batch_size * rank.world,
-        "threads_per_rank": per_rank[0].get("threads"),
-        "rank_step_median_s": medians,
-        "slowest_rank": slowest,
-        "slowest_rank_step_median_s": medians[slowest],
-        "peak_rss_mb_per_rank": [f.get("peak_rss_mb") for f in per_rank],
-    }
-    return row
+def combine(per_rank: list[CellRecord], rank: Rank, pg_backend: str, batch_size: int,
+            weight_diff: float) -> CellRecord:
+    """One row from every rank's record: the slowest rank's steps, the largest one-off costs
+    and memory peaks, and the job's ``DistributedFigures`` (per-rank medians kept).
+    ``weight_diff`` is ``weight_spread``'s answer after the first step."""
+    medians = [stats.StepStats.from_samples(r.step_samples).median for r in per_rank]
+    worst = stats.slowest(medians)
 
+    def most(values: list[Optional[float]]) -> Optional[float]:
+        known = [v for v in values if v is not None]
+        return max(known) if known else None
 
-def launch_command(config: Any, payload_path: str, run_id: str) -> list[str]:
-    """The torchrun command for one cell (``python -m torch.distributed.run``).
-
-    One node: ``--standalone`` (a local rendezvous on a free port). Several:
-    torchrun's c10d rendezvous at ``--rdzv-endpoint``; every node runs the same
-    cells in the same order, so each cell's ``run_id`` meets its peers.
-    """
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={config.nproc}",
-           f"--nnodes={config.nnodes}", "--max-restarts=0", "--monitor-interval=0.2"]
-    if config.rdzv_endpoint:
-        cmd += [f"--node-rank={config.node_rank}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={config.rdzv_endpoint}", f"--rdzv-id={run_id}"]
-    else:
-        cmd += ["--standalone"]
-    return cmd + ["-m", "cnncompare.core.child", payload_path]
+    # The one-off costs and the memory peaks of the rank that needs the most.
+    return replace(
+        per_rank[worst],
+        compile_s=most([r.compile_s for r in per_rank]),
+        first_step_s=most([r.first_step_s for r in per_rank]),
+        rss_baseline_mb=most([r.rss_baseline_mb for r in per_rank]),
+        peak_rss_mb=most([r.peak_rss_mb for r in per_rank]),
+        peak_rss_first_step_mb=most([r.peak_rss_first_step_mb for r in per_rank]),
+        peak_rss_steady_mb=most([r.peak_rss_steady_mb for r in per_rank]),
+        cuda_peak_allocated_mb=most([r.cuda_peak_allocated_mb for r in per_rank]),
+        cuda_peak_reserved_mb=most([r.cuda_peak_reserved_mb for r in per_rank]),
+        cuda_peak_allocated_first_step_mb=most([r.cuda_peak_allocated_first_step_mb for r in per_rank]),
+        cuda_peak_reserved_first_step_mb=most([r.cuda_peak_reserved_first_step_mb for r in per_rank]),
+        distributed=DistributedFigures(
+            nproc=rank.world,
+            nnodes=rank.world // rank.local_world,
+            nproc_per_node=rank.local_world,
+            process_group=pg_backend,
+            batch_size_per_rank=batch_size,
+            global_batch_size=batch_size * rank.world,
+            threads_per_rank=per_rank[0].threads,
+            rank_step_median_s=medians,
+            slowest_rank=worst,
+            slowest_rank_step_median_s=medians[worst],
+            peak_rss_mb_per_rank=[r.peak_rss_mb for r in per_rank],
+            ranks_identical=weight_diff == 0.0,
+            max_rank_weight_diff=weight_diff,
+        ),
+    )

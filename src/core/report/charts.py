@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from cnncompare.core.results import RunReport, Status
+from ..records import Status
+from ..results import RunReport
 
 PLOT_HINT = "Charts: `pip install 'cnncompare[plot]'` (matplotlib) and rerun to get PNG charts beside this report."
 
@@ -60,7 +61,9 @@ def write_charts(report: RunReport, md_path: Path) -> Optional[list[tuple[str, s
     if max(medians) / min(medians) > 20:
         ax.set_xscale("log")
     ax.set_xlabel("seconds per training step (median; bars: first to third quartile)")
-    ax.set_title(f"Step time, batch {report.config['batch_size']}, {report.config['image_size']}×{report.config['image_size']} (lower is faster)")
+    workload = report.config.workload
+    ax.set_title(f"Step time, {workload.name}, batch {report.config.batch_size} {workload.sample_unit}s "
+                 "(lower is faster)")
     for i, m in enumerate(medians):
         ax.annotate(f"{m:.3g} s", (m + highs[i], i), xytext=(6, 0), textcoords="offset points", va="center", fontsize=8)
     ax.grid(axis="x", alpha=0.3)

@@ -24,7 +24,7 @@ class DeviceSlot:
     unavailable: Optional[str] = None
 
 
-def _cuda_count() -> int:
+def cuda_count() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -38,7 +38,7 @@ def _mps_available() -> bool:
 
 
 def present_devices() -> list[str]:
-    devices = ["cpu"] + [f"cuda:{i}" for i in range(_cuda_count())]
+    devices = ["cpu"] + [f"cuda:{i}" for i in range(cuda_count())]
     if _mps_available():
         devices.append("mps")
     return devices

@@ -10,8 +10,8 @@ from typing import Any, Optional
 
 import psutil
 
-import cnncompare
-from cnncompare.core.config import available_cores
+from ... import __version__
+from ..config import available_cores
 
 
 def _cpu_model() -> str:
@@ -54,7 +54,7 @@ def capture(threads: int) -> dict[str, Any]:
             })
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "cnncompare": cnncompare.__version__,
+        "cnncompare": __version__,
         "python": platform.python_version(),
         "torch": torch.__version__,
         "pluggy": pluggy.__version__,
@@ -70,7 +70,3 @@ def capture(threads: int) -> dict[str, Any]:
         "nvidia_driver": _nvidia_driver(),
         "mps": bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()),
     }
-
-
-#: Keys that must match for two runs to be comparable cell by cell (``--resume``).
-COMPARABLE_KEYS = ("python", "torch", "cpu", "cpu_cores_available", "threads", "gpus", "cuda", "cnncompare")

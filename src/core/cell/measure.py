@@ -1,0 +1,242 @@
+"""One cell: a backend on a device, measured inside its own child process.
+
+Order matters. Timing and memory are read first, from a cold start (fresh
+process, fresh compile cache). The state after the timed first step (loss,
+gradients, updated weights) is written to the cell's directory between the
+memory phases, so the parity check judges the very step that was timed and
+its reference models, built after every figure is taken, can't inflate the
+memory figures.
+
+Phases and what a failure in each means:
+  compile     backend.compile (+ compile_step)         -> fail_compile
+  first_step  first training step (lazy compilers
+              compile here)                            -> fail_compile if the
+                                                          compiler raised, else fail_run
+  warmup, steps                                        -> fail_run
+  non-finite loss in any step                          -> fail_accuracy
+  parity      the timed first step vs float64 eager   -> fail_accuracy
+An out-of-memory error in any phase is ``oom``.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+import traceback
+from typing import Any, Callable, Optional
+
+import torch
+
+from ...backends import base
+from ..config import RunConfig
+from ..records import CellRecord, Status
+from . import rank as ddp
+from .diagnostics import DynamoWatch
+from .memory import current_rss_mb, peak_rss_mb, per_step_usage, process_usage, reset_peak_rss, use_malloc
+from .parity import compare_with_reference, reference_state, step_state
+from .rank import Rank
+from .roofline import roofline
+from .timing import timed, timed_steps
+from .training import Job, make_optimizer, make_train_step, trained_parameters
+
+ERROR_TAIL_LINES = 15
+_MB = 1024 * 1024
+
+#: ``on_phase(name, done, total)``: progress for the parent, never called inside a timed region.
+PhaseReporter = Callable[[str, int, int], None]
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    text = str(exc).lower()
+    return "out of memory" in text or "bad_alloc" in text or "can't allocate memory" in text
+
+
+def _is_compiler_error(exc: BaseException) -> bool:
+    return any(type(e).__module__.startswith(("torch._dynamo", "torch._inductor")) for e in _chain(exc))
+
+
+def _chain(exc: Optional[BaseException]):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def classify(exc: BaseException, phase: str) -> Status:
+    if _is_oom(exc):
+        return Status.OOM
+    if phase == "compile" or (phase == "first_step" and _is_compiler_error(exc)):
+        return Status.FAIL_COMPILE
+    return Status.FAIL_RUN
+
+
+def fail(record: CellRecord, exc: BaseException, phase: str, status: Optional[Status] = None) -> CellRecord:
+    """Mark ``record`` failed in ``phase`` by ``exc``: its status, a one-line error, the traceback's tail."""
+    lines = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip().splitlines()
+    summary = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    record.status = status or classify(exc, phase)
+    record.error = f"{phase}: {summary}"
+    record.error_tail = "\n".join(lines[-ERROR_TAIL_LINES:])
+    return record
+
+
+def _prepare(backend: Any, job: Job, device: torch.device, rank: Optional[Rank] = None):
+    """Build the model and batch, compile with the backend (timed), then the optimizer and step.
+
+    The optimizer comes after the backend so it is built over the parameters
+    the compiled module trains, already on their device (the seed's pitfall).
+    Under DDP the compiled module is wrapped before the optimizer is built
+    (the wrap is timed with the compile: it is part of the one-off cost).
+    Returns (model, forward, step, x, y, compile_s).
+    """
+    model = job.build_model(device)
+    x, y = job.make_batch(device, *((rank.rank, rank.world) if rank else ()))
+    x = base.prepare_input(backend, x)
+
+    def compile_and_wrap():
+        forward = backend.compile(model, x, device)
+        return ddp.wrap(forward, device) if rank else forward
+
+    forward, compile_s = timed(compile_and_wrap, device)
+    params = trained_parameters(forward, model)
+    maker = base.optimizer_maker(backend)
+    optimizer = maker(params, job.config.lr) if maker else make_optimizer(params, job.config.lr)
+    step = (base.step_maker(backend) or make_train_step)(forward, optimizer, job.loss)
+    compile_step = base.step_compiler(backend)
+    if compile_step is not None:
+        step, step_s = timed(lambda: compile_step(step, x, device), device)
+        compile_s += step_s
+    return model, forward, step, x, y, compile_s
+
+
+def _no_phase(name: str, done: int, total: int) -> None:
+    pass
+
+
+def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
+            checkpoint: Callable[[CellRecord], None], cell_dir: str, run_dir: Optional[str] = None,
+            on_phase: PhaseReporter = _no_phase, rank: Optional[Rank] = None) -> CellRecord:
+    """Measure ``backend`` training ``workload`` on ``device_name``; return the child's record.
+
+    ``checkpoint`` is called with the record once timing and memory are
+    known, so they survive a crash or timeout in the parity check.
+    ``cell_dir`` is this cell's private directory (the first-step snapshot);
+    ``run_dir`` is shared by the run's cells (per-device reference and roofline).
+
+    Under torchrun ``rank`` says where this process sits (see ``rank.py``):
+    the returned record is then the node's combined row on a reporting rank;
+    a non-ok status on any rank must end the job (the child exits non-zero).
+    """
+    job = Job(workload, config)
+    device = torch.device(ddp.rank_device(device_name, rank) if rank else device_name)
+    torch.set_num_threads(config.resolved_threads)
+    use_malloc(config.malloc)  # before the model: the policy governs blocks allocated after it
+    record = CellRecord(threads=torch.get_num_threads(), rss_baseline_mb=current_rss_mb())
+    cuda = device.type == "cuda"
+    cuda_index = None
+    if cuda:
+        torch.cuda.set_device(device)
+        cuda_index = torch.cuda.current_device()
+    warmup = max(config.warmup, base.min_warmup(backend))
+    snapshot = os.path.join(cell_dir, "first-step.pt")  # under DDP only global rank 0 writes it (its parity)
+    losses: list[torch.Tensor] = []
+    watch = DynamoWatch().start()
+    phase = "compile"
+    on_phase(phase, 0, 1)
+    try:
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        if rank:
+            pg_backend = ddp.init(device, config.timeout_s)
+        model, forward, step, x, y, compile_s = _prepare(backend, job, device, rank)
+        record.compile_s = compile_s
+        phase = "first_step"
+        on_phase(phase, 0, 1)
+        loss, record.first_step_s = timed(functools.partial(step, x, y), device)
+        losses.append(loss)
+        record.peak_rss_first_step_mb = first_peak = peak_rss_mb()
+        if cuda:
+            first_allocated = torch.cuda.max_memory_allocated(device) / _MB
+            first_reserved = torch.cuda.max_memory_reserved(device) / _MB
+            record.cuda_peak_allocated_first_step_mb = first_allocated
+            record.cuda_peak_reserved_first_step_mb = first_reserved
+        # Between the two memory phases: torch.save streams the tensors without copies on the
+        # CPU, and both peaks are reset after it (so are the collectives that check DDP's ranks).
+        if rank:
+            loss = ddp.mean_loss(loss)
+            spread = ddp.weight_spread(trained_parameters(forward, model))
+        if rank is None or rank.rank == 0:
+            torch.save(step_state(model, forward, loss), snapshot)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        steady_peak_known = reset_peak_rss()
+        phase = "warmup"
+        on_phase(phase, 0, warmup)
+        record.warmup_s = timed_steps(step, x, y, warmup, device, losses, lambda i: on_phase("warmup", i, warmup))
+        phase = "steps"
+        on_phase(phase, 0, config.steps)
+        usage = process_usage()
+        record.step_samples = timed_steps(step, x, y, config.steps, device, losses,
+                                          lambda i: on_phase("steps", i, config.steps))
+        record.cpu_user_s_per_step, record.cpu_sys_s_per_step, record.page_faults_per_step = \
+            per_step_usage(usage, process_usage(), config.steps)
+        steady = peak_rss_mb()
+        record.peak_rss_steady_mb = steady if steady_peak_known else None
+        record.peak_rss_mb = max(first_peak, steady)
+        if cuda:
+            record.cuda_peak_allocated_mb = max(first_allocated, torch.cuda.max_memory_allocated(device) / _MB)
+            record.cuda_peak_reserved_mb = max(first_reserved, torch.cuda.max_memory_reserved(device) / _MB)
+    except Exception as exc:
+        record.dynamo = watch.report(cuda_index)
+        return fail(record, exc, phase)
+    record.dynamo = watch.report(cuda_index)
+
+    values = torch.stack([loss.float() for loss in losses]).tolist()
+    bad = [i for i, value in enumerate(values) if not math.isfinite(value)]
+    if bad:
+        record.status = Status.FAIL_ACCURACY
+        record.error = f"non-finite loss at step {bad[0] + 1} of {len(losses)}"
+        return record
+    del model, forward, step, x, y, losses  # free the measured model before building the references
+    if rank:
+        per_rank = ddp.gather(record)
+        ddp.finish()  # no collective after this: other ranks may leave
+        if not rank.reports:
+            return record
+        record = ddp.combine(per_rank, rank, pg_backend, config.batch_size, spread)
+        if rank.rank != 0:
+            # torchrun's c10d rendezvous numbers ranks by arrival, not by --node-rank.
+            record.notes = [f"parity is checked on the node that holds global rank 0 (its report has the verdict); "
+                            f"this node's ranks start at {rank.rank}"]
+            return record
+    checkpoint(record)
+
+    phase = "parity"
+    on_phase(phase, 0, 1)
+    try:
+        shards = rank.world if rank else 1
+        reference = reference_state(job, device, _shared(run_dir, f"reference-x{shards}", device, ".pt"), shards)
+        got = torch.load(snapshot, map_location=device, weights_only=True, mmap=True)
+        parity = compare_with_reference(got, reference, base.parity_tolerance(backend))
+        if record.distributed is not None and not record.distributed.ranks_identical:
+            parity.passed = False
+            parity.detail = (f"ranks hold different weights after the first step (max |difference| "
+                             f"{record.distributed.max_rank_weight_diff:.3g}); " + (parity.detail or ""))
+        record.gflop_per_step, record.peak_gflops = roofline(
+            job, device, _shared(run_dir, "roofline", device, ".json"))
+    except Exception as exc:
+        return fail(record, exc, phase)
+    record.parity = parity
+    if not parity.passed:
+        record.status = Status.FAIL_ACCURACY
+        record.error = f"parity: {parity.detail}"
+    return record
+
+
+def _shared(run_dir: Optional[str], kind: str, device: torch.device, suffix: str) -> Optional[str]:
+    if run_dir is None:
+        return None
+    return os.path.join(run_dir, f"{kind}-{str(device).replace(':', '-')}{suffix}")

@@ -1,0 +1,231 @@
+"""The typed records that cross the process boundary, and their JSON form.
+
+A cell's child builds one ``CellRecord`` and writes it as JSON; the parent
+reads it back as a ``CellRecord`` (``from_json``), never as a dict. The same
+records are the report's nested objects (``parity``, ``dynamo``,
+``distributed``), so a figure has one name from the child to the report.
+Reading is strict: an unknown key or a value of the wrong type is an error,
+not a figure silently dropped. Both sides import this module; it imports no
+torch.
+"""
+from __future__ import annotations
+
+import json
+import math
+import pickle
+from dataclasses import asdict, dataclass, field, fields
+from enum import Enum
+from typing import Any, Callable, Optional
+
+from .codec import finite, from_data
+from .config import RunConfig
+
+
+class Status(str, Enum):
+    OK = "ok"
+    FAIL_ACCURACY = "fail_accuracy"
+    FAIL_COMPILE = "fail_compile"
+    FAIL_RUN = "fail_run"
+    TIMEOUT = "timeout"
+    CRASHED = "crashed"
+    OOM = "oom"
+    SKIPPED = "skipped"
+
+
+@dataclass
+class Parity:
+    """The backend's first training step against a float64 eager reference.
+
+    ``*_rel_error`` are norm-relative errors ``||x - ref|| / ||ref||`` over the
+    loss, all gradients together and all updated weights together, for the
+    backend and, for scale, for fp32 eager. The verdict is per tensor:
+    ``rmse(backend) <= multiplier * rmse(fp32 eager) + tolerance``.
+    """
+
+    passed: bool
+    reference: str
+    multiplier: float
+    tolerance: float
+    loss_rel_error: Optional[float]
+    grad_rel_error: Optional[float]
+    weight_rel_error: Optional[float]
+    eager_loss_rel_error: Optional[float]
+    eager_grad_rel_error: Optional[float]
+    eager_weight_rel_error: Optional[float]
+    worst_tensor: Optional[str] = None
+    worst_rmse: Optional[float] = None
+    worst_limit: Optional[float] = None
+    detail: Optional[str] = None
+
+    @property
+    def max_rel_error(self) -> float:
+        errors = (self.loss_rel_error, self.grad_rel_error, self.weight_rel_error)
+        return max(math.nan if e is None else e for e in errors)
+
+
+@dataclass
+class DynamoStats:
+    """What dynamo did in the cell (``cell/diagnostics.py``); absent when it never ran.
+
+    ``cudagraph_skips`` and ``cudagraphs_recorded`` are counted where inductor
+    ran on CUDA (null elsewhere); ``cudagraphs_recorded`` is also null where
+    torch's private CUDA-graph tree API has moved.
+    """
+
+    graphs: int
+    graph_breaks: int
+    recompiles: Optional[int]
+    frames_compiled: int
+    frames_seen: int
+    fell_back_to_eager: bool
+    break_reasons: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    cudagraph_skips: Optional[int] = None
+    cudagraphs_recorded: Optional[int] = None
+
+
+@dataclass
+class DistributedFigures:
+    """A ``--nproc`` cell's DDP figures: the JSON's ``distributed`` object.
+
+    Three groups, each written in one place: the job's shape and the ranks'
+    own figures by the reporting rank (``cell/rank.py: combine``); the
+    same backend in one process by the parent (``run/orchestrate.py``);
+    throughput and scaling efficiency by ``stats.derive``.
+    """
+
+    nproc: int
+    nnodes: int
+    nproc_per_node: int
+    process_group: str
+    batch_size_per_rank: int
+    global_batch_size: int
+    threads_per_rank: Optional[int]
+    rank_step_median_s: list[float]
+    slowest_rank: int
+    slowest_rank_step_median_s: float
+    peak_rss_mb_per_rank: list[Optional[float]]
+    #: Every rank's weights after the first step equal rank 0's, bit for bit.
+    ranks_identical: bool
+    max_rank_weight_diff: float
+    # The same backend in one process with one rank's batch and threads (parent).
+    single_process_status: Optional[str] = None
+    single_process_step_median_s: Optional[float] = None
+    single_process_threads: Optional[int] = None
+    single_process_error: Optional[str] = None
+    # Derived (stats.derive).
+    global_images_per_s: Optional[float] = None
+    single_process_images_per_s: Optional[float] = None
+    scaling_efficiency: Optional[float] = None
+
+
+@dataclass(kw_only=True)
+class Measured:
+    """What a cell's child measures: the fields a ``CellRecord`` hands to the report's row.
+
+    Figures that don't apply (or were never reached) are None.
+    """
+
+    status: Status = Status.OK
+    threads: Optional[int] = None
+    compile_s: Optional[float] = None
+    first_step_s: Optional[float] = None
+    warmup_s: list[float] = field(default_factory=list)
+    rss_baseline_mb: Optional[float] = None
+    peak_rss_mb: Optional[float] = None
+    peak_rss_first_step_mb: Optional[float] = None
+    peak_rss_steady_mb: Optional[float] = None
+    cuda_peak_allocated_mb: Optional[float] = None
+    cuda_peak_reserved_mb: Optional[float] = None
+    cuda_peak_allocated_first_step_mb: Optional[float] = None
+    cuda_peak_reserved_first_step_mb: Optional[float] = None
+    #: What the measured steps cost the OS, per step (process-wide: all threads).
+    cpu_user_s_per_step: Optional[float] = None
+    cpu_sys_s_per_step: Optional[float] = None
+    page_faults_per_step: Optional[float] = None
+    dynamo: Optional[DynamoStats] = None
+    parity: Optional[Parity] = None
+    gflop_per_step: Optional[float] = None
+    peak_gflops: Optional[float] = None
+    distributed: Optional[DistributedFigures] = None
+    error: Optional[str] = None
+    error_tail: Optional[str] = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class CellRecord(Measured):
+    """The child's whole answer, written as JSON (first after timing, again at the end).
+
+    ``complete`` is true only in the final write: a record without it was cut
+    short (a crash or a timeout in the parity check) and keeps its figures.
+    ``step_samples`` are the measured steps' seconds, in run order. Under
+    torchrun a failing rank also writes its own record with ``rank`` and
+    ``failed_at`` (time.time()), so the parent can name the first to fail.
+    """
+
+    complete: bool = False
+    step_samples: list[float] = field(default_factory=list)
+    rank: Optional[int] = None
+    failed_at: Optional[float] = None
+
+    def measured(self) -> dict[str, Any]:
+        """The ``Measured`` part, field by field (for the report's row)."""
+        return {f.name: getattr(self, f.name) for f in fields(Measured)}
+
+    def to_json(self) -> str:
+        return json.dumps(finite(asdict(self)), allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> "CellRecord":
+        return from_data(cls, json.loads(text))
+
+
+@dataclass
+class Shipped:
+    """A plugin object (a backend, a workload) on its way to a cell's child: pickled, so objects
+    registered in-process (tests, embedding applications) travel too; one that can't be pickled
+    travels by name and is looked up again through the plugins in the child."""
+
+    kind: str
+    name: str
+    pickled: Optional[bytes]
+    pickle_error: Optional[str] = None
+
+    @classmethod
+    def of(cls, kind: str, obj: Any) -> "Shipped":
+        try:
+            return cls(kind, obj.name, pickle.dumps(obj))
+        except Exception as exc:  # e.g. holds a lambda
+            return cls(kind, obj.name, None, f"{type(exc).__name__}: {exc}")
+
+    def unpack(self, lookup: Callable[[str, str], Any]) -> Any:
+        """The object; ``lookup(kind, name)`` finds an unpicklable one through the plugins."""
+        if self.pickled is not None:
+            return pickle.loads(self.pickled)
+        found = lookup(self.kind, self.name)
+        if found is None:
+            raise LookupError(
+                f"{self.kind} {self.name!r} can't be pickled ({self.pickle_error}) and no installed plugin "
+                f"registers it in the child; make it picklable or register it through an entry point")
+        return found
+
+
+@dataclass
+class CellOrder:
+    """What the parent asks of a cell's child, pickled into the cell's private directory.
+
+    A file rather than stdin because under ``--nproc`` torchrun starts the
+    ranks and their stdin is not ours. ``sys_path`` is the parent's: backends
+    defined in its modules (tests, embedding apps) must import in the child.
+    """
+
+    sys_path: list[str]
+    backend: Shipped
+    workload: Shipped
+    config: RunConfig
+    device: str
+    result_path: str
+    cell_dir: str
+    run_dir: Optional[str]
+    progress_path: Optional[str]

@@ -1,0 +1,184 @@
+"""Every statistic and derived figure, with its thresholds named once.
+
+Raw samples are kept in the records; everything here is computed from them.
+``derive`` fills a run's derived figures once, when a result joins a report
+or a report is loaded; renderers only format what is here.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional, Sequence
+
+from .records import Status
+
+if TYPE_CHECKING:
+    from .results import CellResult
+
+#: IQR / median above this: the machine was noisy (torch.utils.benchmark warns at the same 10 %).
+NOISE_THRESHOLD = 0.10
+#: Above this share of eager's CPU time in the kernel, the report points at ``--malloc reuse``.
+KERNEL_SHARE_HINT = 0.2
+#: Significance level of ``cnncompare compare``'s rank test.
+DEFAULT_ALPHA = 0.05
+
+
+@dataclass
+class StepStats:
+    """Seconds per step over the measured steps; every sample kept, in run order."""
+
+    median: float
+    q1: float
+    q3: float
+    min: float
+    max: float
+    n: int
+    samples: list[float]
+
+    @classmethod
+    def from_samples(cls, samples: Sequence[float]) -> "StepStats":
+        if not samples:
+            raise ValueError("no samples")
+        data = sorted(float(s) for s in samples)
+        if len(data) == 1:
+            q1 = q3 = data[0]
+        else:
+            # 'inclusive' interpolates between order statistics like numpy's default.
+            q1, _, q3 = statistics.quantiles(data, n=4, method="inclusive")
+        return cls(median=statistics.median(data), q1=q1, q3=q3, min=data[0], max=data[-1], n=len(data),
+                   samples=[float(s) for s in samples])
+
+    @property
+    def iqr(self) -> float:
+        return self.q3 - self.q1
+
+    @property
+    def relative_spread(self) -> float:
+        """IQR / median."""
+        return self.iqr / self.median if self.median > 0 else math.inf
+
+    @property
+    def noisy(self) -> bool:
+        return self.relative_spread > NOISE_THRESHOLD
+
+
+def quartiles_overlap(faster: StepStats, slower: StepStats) -> bool:
+    """Whether the faster one's third quartile reaches the slower one's first: within the noise."""
+    return faster.q3 >= slower.q1
+
+
+def slowest(medians: Sequence[float]) -> int:
+    """Index of the slowest rank: a synchronous step waits for it."""
+    return max(range(len(medians)), key=medians.__getitem__)
+
+
+def rank_test(base: Sequence[float], new: Sequence[float]) -> Optional[float]:
+    """Two-sided Mann-Whitney U p-value (a rank test: no distribution assumed, one outlier step
+    can't decide it); None with fewer than two samples on a side."""
+    if len(base) < 2 or len(new) < 2:
+        return None
+    from scipy.stats import mannwhitneyu
+
+    return float(mannwhitneyu(base, new, alternative="two-sided").pvalue)
+
+
+def kernel_share(user_s: Optional[float], sys_s: Optional[float]) -> Optional[float]:
+    """The share of a step's CPU time spent in the kernel (page faults, mostly)."""
+    if not sys_s:
+        return None
+    return sys_s / (sys_s + (user_s or 0.0))
+
+
+@dataclass
+class Verdict:
+    """Which backend to pick on one device, and how far to trust it."""
+
+    device: str
+    best: Optional["CellResult"]
+    eager: Optional["CellResult"]
+    #: The best row's quartiles reach eager's: the win is within the noise.
+    overlaps_eager: bool = False
+    noisy: bool = False
+
+
+def verdict(device: str, rows: Sequence["CellResult"]) -> Verdict:
+    ok = [r for r in rows if r.status == Status.OK and r.step_s]
+    eager = next((r for r in ok if r.backend == "eager"), None)
+    if not ok:
+        return Verdict(device, None, eager)
+    best = min(ok, key=_median)
+    if eager is None or best is eager:
+        return Verdict(device, best, eager)
+    assert best.step_s is not None and eager.step_s is not None
+    overlaps = quartiles_overlap(best.step_s, eager.step_s)
+    return Verdict(device, best, eager, overlaps_eager=overlaps,
+                   noisy=not overlaps and (best.step_s.noisy or eager.step_s.noisy))
+
+
+def _median(r: "CellResult") -> float:
+    assert r.step_s is not None
+    return r.step_s.median
+
+
+def derive(results: Sequence["CellResult"], batch_size: int) -> None:
+    """Fill the derived figures: samples/s, achieved GFLOP/s and % of peak, and the comparison
+    with eager on the same device (speedup, break-even, memory ratio), and DDP's scaling.
+
+    speedup_vs_eager = eager median / backend median (>1 is faster), for ``ok``
+    cells only: a wrong or failed backend has no speedup worth quoting.
+    break_even_steps = training steps until the backend's extra one-off cost
+    (compile + first step beyond one steady step, minus eager's) is repaid by
+    its per-step saving; None when it is not faster.
+    """
+    eager = {r.device: r for r in results if r.backend == "eager" and r.status == Status.OK and r.step_s}
+    for r in results:
+        r.images_per_s = r.speedup_vs_eager = r.break_even_steps = None
+        r.achieved_gflops = r.pct_of_peak = r.memory_ratio_vs_eager = None
+        base = eager.get(r.device)
+        if base is not None and r.status == Status.OK:
+            r.memory_ratio_vs_eager = memory_ratio(base, r)
+        if r.step_s is None or r.step_s.median <= 0:
+            continue
+        median = r.step_s.median
+        r.images_per_s = batch_size / median
+        if r.gflop_per_step:
+            r.achieved_gflops = r.gflop_per_step / median
+            if r.peak_gflops:
+                r.pct_of_peak = 100.0 * r.achieved_gflops / r.peak_gflops
+        if r.distributed is not None:
+            _derive_scaling(r, batch_size, median)
+        if r.status != Status.OK or base is None or base.step_s is None:
+            continue
+        r.speedup_vs_eager = base.step_s.median / median
+        saving = base.step_s.median - median
+        if saving > 0:
+            extra = one_off_cost(r) - one_off_cost(base)
+            r.break_even_steps = 0 if extra <= 0 else math.ceil(extra / saving)
+
+
+def _derive_scaling(r: "CellResult", batch_size: int, slowest_median: float) -> None:
+    """global_images_per_s = world x batch / the slowest rank's median (a synchronous step waits
+    for it); scaling_efficiency = that / (world x the single-process throughput), which is
+    single-process median / slowest rank's median (1.0: DDP costs nothing)."""
+    d = r.distributed
+    assert d is not None
+    d.global_images_per_s = d.nproc * batch_size / slowest_median
+    single = d.single_process_step_median_s
+    d.single_process_images_per_s = batch_size / single if single else None
+    d.scaling_efficiency = single / slowest_median if single else None
+
+
+def memory_ratio(eager: "CellResult", r: "CellResult") -> Optional[float]:
+    """Eager's peak / this backend's peak (>1: uses less), as PyTorch's own harness reports it.
+    CUDA allocations where both have them, else process RSS."""
+    for a, b in ((eager.cuda_peak_allocated_mb, r.cuda_peak_allocated_mb), (eager.peak_rss_mb, r.peak_rss_mb)):
+        if a and b:
+            return a / b
+    return None
+
+
+def one_off_cost(r: "CellResult") -> float:
+    """Compile plus the first step's time beyond a steady step."""
+    steady = r.step_s.median if r.step_s else 0.0
+    return (r.compile_s or 0.0) + max(0.0, (r.first_step_s or 0.0) - steady)

@@ -1,0 +1,76 @@
+"""The record that crosses the process boundary and the statistics: typed, strict, in one place."""
+import json
+
+import pytest
+
+from cnncompare.core import stats
+from cnncompare.core.records import CellRecord, DistributedFigures, DynamoStats, Parity, Status
+from cnncompare.core.results import CellResult
+
+
+def _record():
+    return CellRecord(status=Status.FAIL_ACCURACY, complete=True, threads=2, compile_s=1.5, step_samples=[0.2, 0.1],
+                      dynamo=DynamoStats(graphs=1, graph_breaks=0, recompiles=None, frames_compiled=1, frames_seen=1,
+                                         fell_back_to_eager=False),
+                      parity=Parity(passed=False, reference="float64 eager", multiplier=3.0, tolerance=1e-4,
+                                    loss_rel_error=float("nan"), grad_rel_error=1e-3, weight_rel_error=1e-4,
+                                    eager_loss_rel_error=0.0, eager_grad_rel_error=1e-7, eager_weight_rel_error=1e-7),
+                      distributed=DistributedFigures(nproc=2, nnodes=1, nproc_per_node=2, process_group="gloo",
+                                                     batch_size_per_rank=4, global_batch_size=8, threads_per_rank=1,
+                                                     rank_step_median_s=[0.1, 0.2], slowest_rank=1,
+                                                     slowest_rank_step_median_s=0.2, peak_rss_mb_per_rank=[1.0, None],
+                                                     ranks_identical=True, max_rank_weight_diff=0.0),
+                      notes=["a note"])
+
+
+def test_a_record_reads_back_as_itself_with_nan_as_null():
+    record = _record()
+    again = CellRecord.from_json(record.to_json())
+    assert again.parity is not None and again.parity.loss_rel_error is None  # NaN is not JSON
+    again.parity.loss_rel_error = record.parity.loss_rel_error
+    assert json.loads(again.to_json()) == json.loads(record.to_json())
+    assert isinstance(again.dynamo, DynamoStats) and again.status is Status.FAIL_ACCURACY
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (lambda d: d.update(compile_secs=1.0), "compile_secs"),  # a misspelled figure is an error, not dropped
+    (lambda d: d.update(threads="two"), "threads"),
+    (lambda d: d["dynamo"].update(graphz=1), "graphz"),
+    (lambda d: d.update(status="fine"), "not a valid Status"),
+])
+def test_a_record_with_an_unknown_key_or_a_wrong_type_is_refused(change, fragment):
+    data = json.loads(_record().to_json())
+    change(data)
+    with pytest.raises(ValueError, match=fragment):
+        CellRecord.from_json(json.dumps(data))
+
+
+def test_the_row_takes_every_measured_figure_from_the_record():
+    record = _record()
+    row = CellResult.from_record(record, backend="b", device="cpu")
+    assert row.compile_s == 1.5 and row.threads == 2 and row.notes == ["a note"] and row.dynamo is record.dynamo
+    assert row.step_s is not None and row.step_s.samples == [0.2, 0.1] and row.step_s.median == pytest.approx(0.15)
+
+
+def test_noise_and_overlap_rules():
+    calm = stats.StepStats.from_samples([1.0, 1.0, 1.0, 1.0])
+    wide = stats.StepStats.from_samples([0.8, 1.0, 1.2, 1.4])
+    assert not calm.noisy and wide.relative_spread > stats.NOISE_THRESHOLD and wide.noisy
+    assert stats.quartiles_overlap(stats.StepStats.from_samples([0.9, 1.0, 1.1]), wide)
+    assert not stats.quartiles_overlap(stats.StepStats.from_samples([0.1, 0.1, 0.1]), calm)
+    assert stats.slowest([0.1, 0.3, 0.2]) == 1
+    assert stats.rank_test([1.0], [2.0, 3.0]) is None
+    assert stats.rank_test([1.0, 1.1, 1.2, 1.0, 1.1], [2.0, 2.1, 2.2, 2.0, 2.1]) < 0.05
+    assert stats.kernel_share(0.3, 0.1) == pytest.approx(0.25) and stats.kernel_share(0.3, 0.0) is None
+
+
+def test_verdict_picks_the_fastest_ok_row_and_says_how_far_to_trust_it():
+    def row(name, samples, status=Status.OK):
+        return CellResult(backend=name, device="cpu", status=status, step_s=stats.StepStats.from_samples(samples))
+
+    eager, fast, wrong = row("eager", [1.0, 1.0, 1.0]), row("fast", [0.5, 0.5, 0.5]), row("wrong", [0.1], Status.FAIL_ACCURACY)
+    v = stats.verdict("cpu", [eager, fast, wrong])
+    assert v.best is fast and v.eager is eager and not v.overlaps_eager and not v.noisy
+    close = row("close", [0.9, 0.95, 1.05])
+    assert stats.verdict("cpu", [eager, close]).overlaps_eager
+    assert stats.verdict("cpu", [wrong]).best is None
