@@ -355,17 +355,27 @@ def compare_command(argv: list[str]) -> int:
 
 
 def report_command(argv: list[str]) -> int:
-    """``cnncompare report A.json B.json ... --output combined.md``: one report from several runs."""
-    from .core.fileio import write_atomic
-    from .core.report.markdown import render_combined
+    """``cnncompare report A.json B.json ... --output combined.md``: one report from several runs.
 
-    p = _Parser(prog="cnncompare report", description="Render one markdown report from several runs' JSON reports.")
+    One run re-renders that run's own report from its JSON (with its charts, drawn beside
+    ``--output``), so a committed report can be regenerated after the renderer changes."""
+    from .core.fileio import write_atomic
+    from .core.report.charts import write_charts
+    from .core.report.markdown import render_combined, render_markdown
+
+    p = _Parser(prog="cnncompare report",
+                description="Render one markdown report from several runs' JSON reports "
+                            "(from one, that run's own report, as the run wrote it).")
     p.add_argument("runs", type=Path, nargs="+", metavar="RUN.json")
     p.add_argument("--output", type=Path, default=None, help="write the markdown here (default: print it)")
     args = p.parse_args(argv)
     output = _check_writable("--output", args.output) if args.output is not None else None
     reports = [_load_report("RUN.json", path) for path in args.runs]
-    markdown = render_combined(reports)
+    if len(reports) == 1:
+        charts = write_charts(reports[0], output) if output is not None else []
+        markdown = render_markdown(reports[0], charts, final=output is not None)
+    else:
+        markdown = render_combined(reports)
     if output is None:
         print(markdown, end="")
     else:

@@ -109,6 +109,16 @@ def test_merged_report_has_every_run_and_environment(tmp_path, capsys):
                                   RunReport.from_dict(json.loads(render_json(gpu)))])
 
 
+def test_report_of_one_run_re_renders_that_runs_own_report(tmp_path, capsys):
+    """One JSON re-renders the run's own report (how committed reports are regenerated), not a merge."""
+    from cnncompare.core.report.markdown import render_markdown
+
+    assert main(["report", _write(tmp_path, "a.json", BASE)]) == 0
+    printed = capsys.readouterr().out
+    assert printed == render_markdown(RunReport.from_dict(json.loads(render_json(BASE))), [])
+    assert printed.startswith("# cnncompare report\n") and "## Configuration" in printed and "combined" not in printed
+
+
 def test_csv_has_json_key_headers_and_one_row_per_result():
     rows = list(csv.DictReader(io.StringIO(render_csv(BASE))))
     assert list(rows[0]) == list(CSV_COLUMNS)

@@ -124,9 +124,12 @@ def _diagnostics_table(results: list[CellResult]) -> Optional[str]:
         ])
     if not rows:
         return None
-    return tabulate(rows, headers=["backend", "achieved GFLOP/s", "% of peak", "memory vs eager",
-                                   "page faults / step", "kernel CPU s / step", "dynamo graphs / breaks / recompiles", "compile cache"],
-                    tablefmt="github", disable_numparse=True)
+    headers = ["backend", "achieved GFLOP/s", "% of peak", "memory vs eager",
+               "page faults / step", "kernel CPU s / step", "dynamo graphs / breaks / recompiles", "compile cache"]
+    # Runs from before getrusage was recorded have no fault figures: drop those columns, not fill them with dashes.
+    if all(row[4] == "–" and row[5] == "–" for row in rows):
+        headers, rows = headers[:4] + headers[6:], [row[:4] + row[6:] for row in rows]
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
 def _scaling_table(results: list[CellResult], config: RunConfig) -> Optional[str]:
