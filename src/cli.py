@@ -230,12 +230,13 @@ def _check_writable(option: str, path: Path) -> Path:
     created and removed here, before any cell runs.
     """
     path = path.expanduser()
-    if path.is_dir():
+    # os.path, not pathlib: pathlib re-raises EACCES from stat() (a folder we may not enter).
+    if os.path.isdir(path):
         raise UsageError(f"{option}: {str(path)!r} is a directory, expected a file path")
     existing = path.parent
-    while not existing.exists():
+    while not os.path.exists(existing):
         existing = existing.parent
-    if not existing.is_dir():
+    if not os.path.isdir(existing):
         raise UsageError(f"{option}: can't write {str(path)!r}: {str(existing)!r} is not a directory")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -193,6 +193,10 @@ def _collect(pm: pluggy.PluginManager, registry: Registry, kind: str) -> None:
             table[name] = obj
             origin[name] = _info.name
             _added.append(name)
+            if hasattr(obj, "parity_tolerance") and not hasattr(obj, "parity_rtol"):
+                registry.warnings.append(
+                    f"backend {name!r} sets parity_tolerance (schema 1's absolute RMSE floor), which is no longer "
+                    "read: it is judged with the default relative tolerance; declare parity_rtol (docs/parity.md)")
 
         kwargs = {"register": register}
         try:

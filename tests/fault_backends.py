@@ -16,16 +16,16 @@ class RaiseInCompile:
         raise RuntimeError("deliberate failure in compile")
 
 
-class RaiseAtThirdStep:
-    name = "raise-step3"
+class RaiseAtFourthStep:
+    name = "raise-step4"
 
     def compile(self, model, example, device):
         calls = {"n": 0}
 
         def forward(x):
             calls["n"] += 1
-            if calls["n"] == 3:
-                raise RuntimeError("deliberate failure in step 3")
+            if calls["n"] == 4:
+                raise RuntimeError("deliberate failure in step 4")
             return model(x)
 
         return forward
@@ -64,12 +64,13 @@ class NanLoss:
 
 
 class WrongNumbers:
-    """Trains the right parameters but computes a slightly different function."""
+    """Trains the right parameters but computes a slightly different function (outputs 5 % off:
+    parity's 1 % relative tolerance is for rounding, not for this)."""
 
     name = "wrong-numbers"
 
     def compile(self, model, example, device):
-        return lambda x: model(x) * 1.01
+        return lambda x: model(x) * 1.05
 
 
 class MemoryHog:
@@ -150,7 +151,7 @@ class Unpicklable:
         return self.wrap(model)
 
 
-ALL = [RaiseInCompile, RaiseAtThirdStep, Hang, Abort, Segfault, NanLoss, WrongNumbers, MemoryHog, Minimal,
+ALL = [RaiseInCompile, RaiseAtFourthStep, Hang, Abort, Segfault, NanLoss, WrongNumbers, MemoryHog, Minimal,
        RaiseOnRank1, KillRank1]
 
 

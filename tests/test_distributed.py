@@ -49,7 +49,7 @@ def test_compile_under_ddp_reports_dynamo(ddp_report):
 def test_a_rank_that_raises_fails_its_cell_only(ddp_report):
     r = ddp_report["raise-rank1"]
     assert r.status is Status.FAIL_RUN, (r.error, r.error_tail)
-    assert r.error.startswith("rank 1: steps: RuntimeError: deliberate failure on rank 1")
+    assert r.error.startswith("rank 1: warmup: RuntimeError: deliberate failure on rank 1")
 
 
 def test_a_rank_that_dies_ends_its_cell(ddp_report):
@@ -71,14 +71,17 @@ def test_reference_for_two_slices_is_not_the_one_process_batch(tiny_config):
 
     import torch
 
-    from cnncompare.core.cell.parity import first_step_state
+    from cnncompare.core.cell.parity import eager_trajectory
     from cnncompare.core.cell.training import Job
     from cnncompare.workloads.seed_cnn import SeedCNNWorkload
 
     config = tiny_config()
-    sliced = first_step_state(Job(SeedCNNWorkload(), config), torch.device("cpu"), torch.float64, shards=2)
-    whole = first_step_state(Job(SeedCNNWorkload(), replace(config, batch_size=8)), torch.device("cpu"), torch.float64)
-    key = "grad:features.0.weight"
+    sliced = eager_trajectory(Job(SeedCNNWorkload(), config), torch.device("cpu"), torch.float64, 3, shards=2)
+    whole = eager_trajectory(Job(SeedCNNWorkload(), replace(config, batch_size=8)), torch.device("cpu"), torch.float64, 3)
+    for key in ("step1/grad:features.0.weight", "step3/weight:features.0.weight"):
+        assert not torch.allclose(sliced[key], whole[key], rtol=1e-6, atol=0)
+    # DDP broadcasts rank 0's buffers: the running statistics are rank 0's slice's, not the batch's.
+    key = "step1/buffer:features.1.running_mean"
     assert not torch.allclose(sliced[key], whole[key], rtol=1e-6, atol=0)
 
 

@@ -24,7 +24,7 @@ def test_every_hook_has_a_test():
 
 
 def test_every_optional_member_is_documented_in_the_guide_and_the_protocol():
-    helpers = {"description", "unavailable_reason", "min_warmup", "parity_tolerance", "in_all"}
+    helpers = {"description", "unavailable_reason", "min_warmup", "parity_rtol", "in_all"}
     members = helpers | {"compile_step", "make_train_step", "make_optimizer", "prepare_input"}
     for member in members:
         assert f"`{member}" in GUIDE, member

@@ -11,7 +11,7 @@ from cnncompare.plugins import load_registry
 
 pytestmark = pytest.mark.e2e
 
-FAULTS = ["raise-compile", "raise-step3", "hang", "abort", "segfault", "nan-loss", "wrong-numbers", "memory-hog", "minimal"]
+FAULTS = ["raise-compile", "raise-step4", "hang", "abort", "segfault", "nan-loss", "wrong-numbers", "memory-hog", "minimal"]
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def fault_report():
 
 @pytest.mark.parametrize("backend, status, fragment", [
     ("raise-compile", Status.FAIL_COMPILE, "compile: RuntimeError: deliberate failure in compile"),
-    ("raise-step3", Status.FAIL_RUN, "steps: RuntimeError: deliberate failure in step 3"),  # step 1 first, 2 warm-up
+    ("raise-step4", Status.FAIL_RUN, "steps: RuntimeError: deliberate failure in step 4"),  # 1 first, 2-3 warm-up
     ("hang", Status.TIMEOUT, "timed out after 25 s"),
     ("abort", Status.CRASHED, "SIGABRT"),
     ("segfault", Status.CRASHED, "SIGSEGV"),

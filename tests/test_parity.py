@@ -4,44 +4,40 @@ import math
 import pytest
 import torch
 
-from cnncompare.core.cell import parity as measure
+from cnncompare.core.cell import parity
 
 
-def _state(gen, scale=1.0, shapes=((1000, 700), (5,), ())):
-    """A loss, gradients and weights; the first tensor spans several comparison pieces."""
-    state = {"loss": torch.randn(shapes[2], generator=gen)}
-    for i, shape in enumerate(shapes[:2]):
-        state[f"grad:p{i}"] = torch.randn(shape, generator=gen) * scale
-        state[f"weight:p{i}"] = torch.randn(shape, generator=gen) * scale
+def _state(gen, scale=1.0):
+    """Two losses, then a gradient, weight and buffer per parameter; the first spans several pieces."""
+    state = {"loss:1": torch.randn((), generator=gen), "loss:3": torch.randn((), generator=gen)}
+    for i, shape in enumerate(((1000, 700), (5,))):
+        for kind in ("grad", "weight", "buffer"):
+            state[f"step3/{kind}:p{i}"] = torch.randn(shape, generator=gen) * scale
     return state
 
 
-def _plain_ref_sq(ref64):
-    """Each group's squared norm, computed plainly (what reference_state stores)."""
-    return {g: sum(float((v.double() ** 2).sum()) for k, v in ref64.items() if k.startswith(g)) for g in measure._GROUPS}
-
-
-def _reference(ref64, eager32):
-    ref_sq = _plain_ref_sq(ref64)
-    rmse, rel = measure._errors(eager32, ref64, ref_sq)
-    return {"name": "float64 eager", "ref": ref64, "ref_sq": ref_sq, "eager_rmse": rmse, "eager_rel": rel}
+def _reference(ref64, eager32, noise=()):
+    ref_sq = {k: float((v.double() ** 2).sum()) for k, v in ref64.items()}
+    eager_rel, groups = parity._relative_errors(eager32, ref64, ref_sq, frozenset(noise))
+    return {"name": "float64 eager", "ref": ref64, "ref_sq": ref_sq, "eager_rel": eager_rel, "eager_groups": groups,
+            "noise": list(noise), "seconds": 0.0}
 
 
 def test_errors_match_a_plain_float64_computation():
     gen = torch.Generator().manual_seed(0)
     ref = {k: v.double() for k, v in _state(gen).items()}
     got = {k: (v + 1e-3 * torch.randn(v.shape, generator=gen, dtype=torch.float64)).float() for k, v in ref.items()}
-    assert got["grad:p0"].numel() > 2 * measure._CHUNK
-    rmse, rel = measure._errors(got, ref, _plain_ref_sq(ref))
+    assert got["step3/grad:p0"].numel() > 2 * parity._CHUNK
+    ref_sq = {k: float((v ** 2).sum()) for k, v in ref.items()}
+    per_tensor, groups = parity._relative_errors(got, ref, ref_sq)
     for key, r in ref.items():
-        plain = math.sqrt(float(((got[key].double() - r) ** 2).mean()))
-        assert rmse[key] == pytest.approx(plain, rel=1e-9)
-    keys = [k for k in ref if k.startswith("weight:")]
+        plain = math.sqrt(float(((got[key].double() - r) ** 2).sum()) / float((r ** 2).sum()))
+        assert per_tensor[key] == pytest.approx(plain, rel=1e-9)
+        assert parity._sq_norm(r) == pytest.approx(ref_sq[key], rel=1e-9)  # computed in pieces
+    keys = [k for k in ref if "/weight:" in k]
     plain = math.sqrt(sum(float(((got[k].double() - ref[k]) ** 2).sum()) for k in keys)
                       / sum(float((ref[k] ** 2).sum()) for k in keys))
-    assert rel["weight:"] == pytest.approx(plain, rel=1e-9)
-    for group, plain_sq in _plain_ref_sq(ref).items():  # the stored norms, computed in pieces
-        assert sum(measure._sq_error(v) for k, v in ref.items() if k.startswith(group)) == pytest.approx(plain_sq, rel=1e-9)
+    assert groups["weight"] == pytest.approx(plain, rel=1e-9)
 
 
 def test_a_tensor_outside_its_limit_fails_by_name_and_a_close_one_passes():
@@ -49,20 +45,59 @@ def test_a_tensor_outside_its_limit_fails_by_name_and_a_close_one_passes():
     ref = {k: v.double() for k, v in _state(gen).items()}
     eager = {k: v.float() for k, v in ref.items()}  # fp32 rounding only
     reference = _reference(ref, eager)
-    assert measure.compare_with_reference(eager, reference, 1e-4).passed
-    wrong = dict(eager, **{"weight:p0": eager["weight:p0"] * 1.05})
-    parity = measure.compare_with_reference(wrong, reference, 1e-4)
-    assert not parity.passed and parity.worst_tensor == "weight:p0" and "weight:p0: RMSE" in parity.detail
-    nan = dict(eager, loss=torch.tensor(float("nan")))
-    assert not measure.compare_with_reference(nan, reference, 1e-4).passed
+    ok = parity.compare_with_reference(eager, reference, 1e-2, 3)
+    assert ok.passed and ok.margin < 0.01 and ok.step == 3 and ok.tensors == len(ref)
+    # 0.5 % off passes a 1 % tolerance at half its limit; 2 % off fails it, named.
+    close = dict(eager, **{"step3/weight:p0": eager["step3/weight:p0"] * 1.005})
+    assert parity.compare_with_reference(close, reference, 1e-2, 3).margin == pytest.approx(0.5, rel=1e-3)
+    wrong = dict(eager, **{"step3/weight:p0": eager["step3/weight:p0"] * 1.02})
+    result = parity.compare_with_reference(wrong, reference, 1e-2, 3)
+    assert not result.passed and result.worst_tensor == "step3/weight:p0" and result.margin == pytest.approx(2, rel=1e-3)
+    assert result.detail.startswith("step3/weight:p0 after step 3: relative error 0.02 vs float64 eager exceeds 5 x")
+    nan = dict(eager, **{"loss:3": torch.tensor(float("nan"))})
+    assert not parity.compare_with_reference(nan, reference, 1e-2, 3).passed
+
+
+def test_the_limit_scales_with_fp32_eagers_own_error():
+    gen = torch.Generator().manual_seed(3)
+    ref = {k: v.double() for k, v in _state(gen).items()}
+    eager = dict({k: v.float() for k, v in ref.items()})
+    eager["step3/grad:p1"] = (ref["step3/grad:p1"] * 1.004).float()  # fp32 eager itself 0.4 % off here
+    reference = _reference(ref, eager)
+    assert reference["eager_rel"]["step3/grad:p1"] == pytest.approx(0.004, rel=1e-4)
+    got = dict(eager, **{"step3/grad:p1": (ref["step3/grad:p1"] * 1.02).float()})  # 2 % < 5 x 0.4 % + 1 %
+    result = parity.compare_with_reference(got, reference, 1e-2, 3)
+    assert result.passed and result.worst_limit == pytest.approx(0.03, rel=1e-3)
+
+
+def test_noise_tensors_are_named_and_not_judged():
+    gen = torch.Generator().manual_seed(4)
+    ref = {k: v.double() for k, v in _state(gen).items()}
+    eager = {k: v.float() for k, v in ref.items()}
+    reference = _reference(ref, eager, noise=["step3/grad:p1"])
+    got = dict(eager, **{"step3/grad:p1": torch.zeros(5)})  # 100 % off, but rounding noise by fp32 eager's measure
+    result = parity.compare_with_reference(got, reference, 1e-2, 3)
+    assert result.passed and result.not_judged == ["step3/grad:p1"] and result.tensors == len(ref) - 1
+
+
+def test_integer_buffers_compare_as_numbers():
+    ref = {"step3/buffer:count": torch.tensor(3)}
+    reference = _reference({k: v for k, v in ref.items()}, ref)
+    assert parity.compare_with_reference({"step3/buffer:count": torch.tensor(3)}, reference, 1e-2, 3).passed
+    result = parity.compare_with_reference({"step3/buffer:count": torch.tensor(8)}, reference, 1e-2, 3)
+    assert not result.passed and result.worst_error == pytest.approx(5 / 3)
 
 
 def test_a_missing_or_misshapen_tensor_fails_with_what_was_found():
     gen = torch.Generator().manual_seed(2)
     ref = {k: v.double() for k, v in _state(gen).items()}
     reference = _reference(ref, {k: v.float() for k, v in ref.items()})
-    got = {k: v.float() for k, v in ref.items() if k != "grad:p1"}
-    parity = measure.compare_with_reference(got, reference, 1e-4)
-    assert not parity.passed and parity.detail == "grad:p1 is missing, expected shape (5,)"
-    got["grad:p1"] = torch.zeros(6)
-    assert measure.compare_with_reference(got, reference, 1e-4).detail == "grad:p1 is (6,), expected shape (5,)"
+    got = {k: v.float() for k, v in ref.items() if k != "step3/grad:p1"}
+    result = parity.compare_with_reference(got, reference, 1e-2, 3)
+    assert not result.passed and result.detail == "step3/grad:p1 is missing, expected shape (5,)"
+    got["step3/grad:p1"] = torch.zeros(6)
+    assert parity.compare_with_reference(got, reference, 1e-2, 3).detail == "step3/grad:p1 is (6,), expected shape (5,)"
+
+
+def test_the_parity_step_follows_the_backends_warm_up():
+    assert parity.parity_step(0) == 3 and parity.parity_step(2) == 3 and parity.parity_step(4) == 5

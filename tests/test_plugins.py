@@ -122,3 +122,11 @@ def test_hookimpl_is_exported_and_every_hookspec_is_documented():
     assert cnncompare.hookimpl.project_name == "cnncompare"
     specs = [getattr(hookspecs, n) for n in dir(hookspecs) if n.startswith("cnncompare_")]
     assert specs and all(len((s.__doc__ or "").strip()) > 200 for s in specs)
+
+
+def test_a_backend_still_declaring_the_old_absolute_tolerance_is_warned_about():
+    old = _B("old-tolerance")
+    old.parity_tolerance = 1e-2
+    reg = load_registry(extra_plugins=[_plugin_module("old", [old])], entry_points=False)
+    assert "old-tolerance" in reg.backends
+    assert any("'old-tolerance' sets parity_tolerance" in w and "parity_rtol" in w for w in reg.warnings)

@@ -92,7 +92,7 @@ class RunConfig:
     batch_size: int = option(128, "--batch-size", "samples per step", minimum=1)
     lr: float = 1e-3
     steps: int = option(20, "--steps", "measured steps per cell", minimum=1)
-    warmup: int = option(3, "--warmup", "warm-up steps; a backend may ask for more", minimum=0)
+    warmup: int = option(3, "--warmup", "warm-up steps; at least 2 run (parity judges step 3), a backend may ask for more", minimum=0)
     seed: int = option(0, "--seed", "seed for weights and data", minimum=0)
     threads: Optional[int] = option(None, "--threads", "torch CPU threads", minimum=1,
                                     shown_default="every available core")

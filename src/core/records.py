@@ -34,12 +34,19 @@ class Status(str, Enum):
 
 @dataclass
 class Parity:
-    """The backend's first training step against a float64 eager reference.
+    """The backend's training trajectory against float64 eager after the same steps (``cell/parity.py``).
 
-    ``*_rel_error`` are norm-relative errors ``||x - ref|| / ||ref||`` over the
-    loss, all gradients together and all updated weights together, for the
+    ``step`` is the parity step N (the last warm-up step); ``tensors`` how many
+    tensors were judged: the loss of every step 1..N, then every gradient,
+    weight and buffer after step N, less ``not_judged``: those fp32 eager
+    itself can't reproduce (rounding noise, ``cell/parity.py``'s ``NOISE_REL``). ``*_rel_error`` are norm-relative errors
+    ``||x - ref|| / ||ref||`` over each group's elements together, for the
     backend and, for scale, for fp32 eager. The verdict is per tensor:
-    ``rmse(backend) <= multiplier * rmse(fp32 eager) + tolerance``.
+    ``rel(backend) <= multiplier * rel(fp32 eager) + tolerance`` (a relative
+    tolerance); ``worst_tensor`` is the one nearest its limit and ``margin``
+    its ``worst_error / worst_limit`` (pass at <= 1). ``check_s`` is the
+    cell's own parity phase; ``reference_s`` what computing the shared
+    reference cost, set only on the cell that computed it.
     """
 
     passed: bool
@@ -52,15 +59,25 @@ class Parity:
     eager_loss_rel_error: Optional[float]
     eager_grad_rel_error: Optional[float]
     eager_weight_rel_error: Optional[float]
+    buffer_rel_error: Optional[float] = None
+    eager_buffer_rel_error: Optional[float] = None
     worst_tensor: Optional[str] = None
-    worst_rmse: Optional[float] = None
+    worst_error: Optional[float] = None
     worst_limit: Optional[float] = None
+    margin: Optional[float] = None
+    step: int = 1
+    tensors: Optional[int] = None
+    not_judged: list[str] = field(default_factory=list)
     detail: Optional[str] = None
+    check_s: Optional[float] = None
+    reference_s: Optional[float] = None
 
     @property
     def max_rel_error(self) -> float:
-        errors = (self.loss_rel_error, self.grad_rel_error, self.weight_rel_error)
-        return max(math.nan if e is None else e for e in errors)
+        """The largest group error (NaN first: a NaN is never hidden behind a finite one)."""
+        errors = [e for e in (self.loss_rel_error, self.grad_rel_error, self.weight_rel_error, self.buffer_rel_error)
+                  if e is not None]
+        return math.nan if not errors or any(math.isnan(e) for e in errors) else max(errors)
 
 
 @dataclass

@@ -18,7 +18,9 @@ from .config import RunConfig
 from .records import CellRecord, Measured
 from .stats import StepStats
 
-SCHEMA_VERSION = 1
+#: 2: parity judges steps 1 and N with a relative rule (``margin``, ``worst_error``, buffers);
+#: version 1's ``worst_rmse`` (an absolute RMSE, first step only) is read and dropped.
+SCHEMA_VERSION = 2
 
 #: Environment keys that must match for two runs to be comparable cell by cell.
 COMPARABLE_ENVIRONMENT = ("python", "torch", "cpu", "cpu_cores_available", "threads", "gpus", "cuda", "cnncompare",
@@ -101,9 +103,9 @@ class RunReport:
 
     @classmethod
     def from_dict(cls, data: dict) -> "RunReport":
-        if data.get("schema_version") != SCHEMA_VERSION:
+        if data.get("schema_version") not in (1, SCHEMA_VERSION):
             raise ValueError(f"unsupported schema_version {data.get('schema_version')!r} (expected {SCHEMA_VERSION})")
-        data = dict(data)
+        data = _upgrade(dict(data))
         config = RunConfig.from_dict(data.pop("config"))
         results = [from_data(CellResult, r) for r in data.pop("results", [])]
         return cls(**{k: v for k, v in data.items() if k in _REPORT_KEYS}, config=config, results=results)
@@ -111,6 +113,18 @@ class RunReport:
     @classmethod
     def from_json(cls, text: str) -> "RunReport":
         return cls.from_dict(json.loads(text))
+
+
+def _upgrade(data: dict) -> dict:
+    """A version-1 report as version 2: its parity (first step, absolute RMSE) keeps its verdict
+    and group errors, with no margin (the renderers then show the largest relative error)."""
+    if data.get("schema_version") == 1:
+        for row in data.get("results", []):
+            if row.get("parity"):
+                row["parity"] = {k: v for k, v in row["parity"].items() if k != "worst_rmse"}
+                row["parity"]["worst_limit"] = None  # an RMSE limit, not comparable with a relative error
+        data["schema_version"] = SCHEMA_VERSION
+    return data
 
 
 _REPORT_KEYS = ("environment", "plugins", "notes", "started_at", "finished_at", "interrupted", "schema_version")

@@ -91,6 +91,31 @@ def kernel_share(user_s: Optional[float], sys_s: Optional[float]) -> Optional[fl
 
 
 @dataclass
+class ParityCost:
+    """What the parity check cost on one device: computing the shared float64 reference (once),
+    every cell's own check (loading the reference and its snapshots, comparing), and their share
+    of the cells' wall time."""
+
+    reference_s: float
+    checks_s: float
+    cells_wall_s: float
+
+    @property
+    def share(self) -> Optional[float]:
+        return (self.reference_s + self.checks_s) / self.cells_wall_s if self.cells_wall_s else None
+
+
+def parity_cost(rows: Sequence["CellResult"]) -> Optional[ParityCost]:
+    """None where no row recorded its check's time (reports from before it was)."""
+    checked = [r.parity for r in rows if r.parity is not None and r.parity.check_s is not None]
+    if not checked:
+        return None
+    return ParityCost(reference_s=sum(p.reference_s or 0.0 for p in checked),
+                      checks_s=sum(p.check_s or 0.0 for p in checked),
+                      cells_wall_s=sum(r.wall_s or 0.0 for r in rows))
+
+
+@dataclass
 class Verdict:
     """Which backend to pick on one device, and how far to trust it."""
 

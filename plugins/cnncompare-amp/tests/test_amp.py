@@ -16,6 +16,9 @@ from cnncompare.core.run.orchestrate import run_cell
 from cnncompare.plugins import load_registry
 
 TINY = dict(batch_size=4, workload=WorkloadSpec("seed-cnn", {"image_size": 8}, "image"), steps=3, warmup=1, threads=1)
+#: Where bf16's parity is judged: at 8x8, batch 4 the model fits its batch in two steps and
+#: bf16's gradients of the near-zero loss are noise (see the plugin's docstring).
+SMALL = dict(TINY, batch_size=32, workload=WorkloadSpec("seed-cnn", {"image_size": 14}, "image"), threads=2)
 
 
 @pytest.fixture(autouse=True)
@@ -52,26 +55,51 @@ def test_skipped_cell_says_why():
 
 
 def test_bf16_passes_parity_by_its_own_tolerance_and_would_fail_the_default():
-    r = run_cell(cnncompare_amp.AmpBf16(), "amp", DeviceSlot("cpu"), RunConfig(**TINY))
+    r = run_cell(cnncompare_amp.AmpBf16(), "amp", DeviceSlot("cpu"), RunConfig(**SMALL))
     assert r.status is Status.OK, (r.error, r.error_tail)
     assert r.parity.passed and r.parity.tolerance == cnncompare_amp.BF16_TOLERANCE
+    assert r.parity.margin <= 0.5, (r.parity.worst_tensor, r.parity.margin)
     # bf16 really is less accurate than fp32: judged by the default tolerance it would fail
-    from cnncompare.backends.base import DEFAULT_PARITY_TOLERANCE
+    from cnncompare.backends.base import DEFAULT_PARITY_RTOL
 
-    assert r.parity.worst_rmse > DEFAULT_PARITY_TOLERANCE
+    assert r.parity.worst_error > 5 * DEFAULT_PARITY_RTOL
     assert r.parity.grad_rel_error > 10 * r.parity.eager_grad_rel_error
 
 
-class _WrongBf16(cnncompare_amp.AmpBf16):
-    name = "wrong-bf16"
+class _SkipFirstUpdateBf16(cnncompare_amp.AmpBf16):
+    name = "bf16-skip-first-update"
+
+    def make_train_step(self, forward, optimizer, loss_fn):
+        from cnncompare.core.cell.training import make_train_step
+
+        real, calls = make_train_step(forward, optimizer, loss_fn), []
+
+        def step(x, y):
+            calls.append(1)
+            if len(calls) == 1:  # gradients computed, the update skipped
+                loss = loss_fn(forward(x), y)
+                optimizer.zero_grad()
+                loss.backward()
+                return loss.detach()
+            return real(x, y)
+
+        return step
+
+
+class _FrozenBatchNormBf16(cnncompare_amp.AmpBf16):
+    name = "bf16-frozen-bn"
 
     def compile(self, model, example, device):
-        forward = super().compile(model, example, device)
-        return lambda x: forward(x) * 1.05
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.momentum = 0.0
+        return super().compile(model, example, device)
 
 
-def test_the_tolerance_still_catches_a_wrong_function():
-    r = run_cell(_WrongBf16(), "amp", DeviceSlot("cpu"), RunConfig(**TINY))
+@pytest.mark.parametrize("wrong", [_SkipFirstUpdateBf16, _FrozenBatchNormBf16])
+def test_the_tolerance_still_catches_a_skipped_update_and_frozen_statistics(wrong):
+    """(Not a gradient 10 % too large, nor log-probabilities 5 % off: bf16's own error is that size.)"""
+    r = run_cell(wrong(), "amp", DeviceSlot("cpu"), RunConfig(**SMALL))
     assert r.status is Status.FAIL_ACCURACY, r.error
 
 

@@ -6,7 +6,7 @@
 - ``timing``      synchronised timing, CUDA events
 - ``memory``      peak RSS per phase, per-step OS costs, the ``--malloc`` policy
 - ``diagnostics`` what dynamo did: graphs, breaks, recompiles, CUDA graphs
-- ``parity``      the first step against a float64 eager reference
+- ``parity``      the training trajectory (losses, gradients, weights, buffers) against float64 eager
 - ``roofline``    FLOPs of a step and a matmul peak to hold them against
 - ``rank``        a DDP rank's side of a ``--nproc`` cell
 

@@ -90,7 +90,7 @@ def main(argv: list[str]) -> int:
     return write(record, final=True)
 
 
-def forked_main(order_path: str, env: dict, workdir: str, log_path: str) -> int:
+def forked_main(order_path: str, env: dict, workdir: str, log_path: str, server: int) -> int:
     """Entry point of a cell forked from the fork server (``run/forkserver.py``).
 
     The server has imported torch and dynamo and done nothing else, so this
@@ -100,7 +100,7 @@ def forked_main(order_path: str, env: dict, workdir: str, log_path: str) -> int:
     server, which dies with the run. Returns the exit code.
     """
     os.setsid()
-    die_with_parent()
+    die_with_parent(server)
     os.environ.clear()
     os.environ.update(env)
     os.chdir(workdir)
@@ -137,5 +137,5 @@ def _phase_reporter(path: Optional[str]) -> Callable[[str, int, int], None]:
 
 
 if __name__ == "__main__":
-    die_with_parent()  # a torchrun rank: its parent is torchrun's agent, which dies with the run
+    die_with_parent(os.getppid())  # a torchrun rank: its parent is torchrun's agent, which dies with the run
     sys.exit(main(sys.argv[1:]))

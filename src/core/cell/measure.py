@@ -1,11 +1,11 @@
 """One cell: a backend on a device, measured inside its own child process.
 
 Order matters. Timing and memory are read first, from a cold start (fresh
-process, fresh compile cache). The state after the timed first step (loss,
-gradients, updated weights) is written to the cell's directory between the
-memory phases, so the parity check judges the very step that was timed and
-its reference models, built after every figure is taken, can't inflate the
-memory figures.
+process, fresh compile cache). The state after the last warm-up step (the
+parity step: every loss so far, gradients, weights, buffers) is written to the
+cell's directory before the measured steps, so the parity check judges the
+steady-state step the backend really runs, and its reference models, built
+after every figure is taken, can't inflate the memory figures.
 
 Phases and what a failure in each means:
   compile     backend.compile (+ compile_step)         -> fail_compile
@@ -14,7 +14,7 @@ Phases and what a failure in each means:
                                                           compiler raised, else fail_run
   warmup, steps                                        -> fail_run
   non-finite loss in any step                          -> fail_accuracy
-  parity      the timed first step vs float64 eager   -> fail_accuracy
+  parity      the parity step vs float64 eager        -> fail_accuracy
 An out-of-memory error in any phase is ``oom``.
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import time
 import traceback
 from typing import Any, Callable, Optional
 
@@ -33,7 +34,7 @@ from ..records import CellRecord, Status
 from . import rank as ddp
 from .diagnostics import DynamoWatch
 from .memory import current_rss_mb, peak_rss_mb, per_step_usage, process_usage, reset_peak_rss, use_malloc
-from .parity import compare_with_reference, reference_state, step_state
+from .parity import compare_with_reference, parity_step, reference_state, snapshot
 from .rank import Rank
 from .roofline import roofline
 from .timing import timed, timed_steps
@@ -100,7 +101,14 @@ def _prepare(backend: Any, job: Job, device: torch.device, rank: Optional[Rank] 
         forward = backend.compile(model, x, device)
         return ddp.wrap(forward, device) if rank else forward
 
+    # A compile may run the model on the example (tracing runs it several times): in train mode
+    # that moves BatchNorm's running statistics. Those runs are not training, so the buffers are
+    # put back (in place: a traced module shares them) after the timed call.
+    buffers = [b.detach().clone() for b in model.buffers()]
     forward, compile_s = timed(compile_and_wrap, device)
+    with torch.no_grad():
+        for b, before in zip(model.buffers(), buffers):
+            b.copy_(before)
     params = trained_parameters(forward, model)
     maker = base.optimizer_maker(backend)
     optimizer = maker(params, job.config.lr) if maker else make_optimizer(params, job.config.lr)
@@ -140,8 +148,10 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
     if cuda:
         torch.cuda.set_device(device)
         cuda_index = torch.cuda.current_device()
-    warmup = max(config.warmup, base.min_warmup(backend))
-    snapshot = os.path.join(cell_dir, "first-step.pt")  # under DDP only global rank 0 writes it (its parity)
+    judged = parity_step(base.min_warmup(backend))
+    warmup = max(config.warmup, judged - 1)  # the parity step is always a warm-up step
+    # Under DDP only global rank 0 writes them (its parity).
+    snapshot_paths = [os.path.join(cell_dir, f"parity-step{k}.pt") for k in (1, judged)]
     losses: list[torch.Tensor] = []
     watch = DynamoWatch().start()
     phase = "compile"
@@ -166,16 +176,23 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
         # Between the two memory phases: torch.save streams the tensors without copies on the
         # CPU, and both peaks are reset after it (so are the collectives that check DDP's ranks).
         if rank:
-            loss = ddp.mean_loss(loss)
             spread = ddp.weight_spread(trained_parameters(forward, model))
         if rank is None or rank.rank == 0:
-            torch.save(step_state(model, forward, loss), snapshot)
+            torch.save(snapshot(model, forward, losses), snapshot_paths[0])
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
         steady_peak_known = reset_peak_rss()
         phase = "warmup"
         on_phase(phase, 0, warmup)
-        record.warmup_s = timed_steps(step, x, y, warmup, device, losses, lambda i: on_phase("warmup", i, warmup))
+
+        def after_warmup_step(i: int, model=model, forward=forward, losses=losses) -> None:
+            on_phase("warmup", i, warmup)
+            if 1 + i == judged:  # the parity step's state (untimed; the losses are the ranks' mean under DDP)
+                judged_losses = ddp.mean_losses(losses) if rank else losses
+                if rank is None or rank.rank == 0:
+                    torch.save(snapshot(model, forward, judged_losses), snapshot_paths[1])
+
+        record.warmup_s = timed_steps(step, x, y, warmup, device, losses, after_warmup_step)
         phase = "steps"
         on_phase(phase, 0, config.steps)
         usage = process_usage()
@@ -218,13 +235,20 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
     on_phase(phase, 0, 1)
     try:
         shards = rank.world if rank else 1
-        reference = reference_state(job, device, _shared(run_dir, f"reference-x{shards}", device, ".pt"), shards)
-        got = torch.load(snapshot, map_location=device, weights_only=True, mmap=True)
-        parity = compare_with_reference(got, reference, base.parity_tolerance(backend))
+        start = time.perf_counter()
+        cache = _shared(run_dir, f"reference-{judged}steps-x{shards}", device, ".pt")
+        computed_here = not (cache and os.path.exists(cache))
+        reference = reference_state(job, device, judged, cache, shards)
+        got = {key: value for path in snapshot_paths
+               for key, value in torch.load(path, map_location=device, weights_only=True, mmap=True).items()}
+        parity = compare_with_reference(got, reference, base.parity_rtol(backend), judged)
+        parity.check_s = time.perf_counter() - start
+        parity.reference_s = reference["seconds"] if computed_here else None
         if record.distributed is not None and not record.distributed.ranks_identical:
             parity.passed = False
             parity.detail = (f"ranks hold different weights after the first step (max |difference| "
                              f"{record.distributed.max_rank_weight_diff:.3g}); " + (parity.detail or ""))
+        del got, reference
         record.gflop_per_step, record.peak_gflops = roofline(
             job, device, _shared(run_dir, "roofline", device, ".json"))
     except Exception as exc:

@@ -94,13 +94,15 @@ class DDPWrapError(RuntimeError):
     """The backend's compiled module can't run under DDP (reported as fail_compile)."""
 
 
-def mean_loss(loss: Any) -> Any:
-    """The global batch's loss: the mean of the ranks' losses (equal slices)."""
+def mean_losses(losses: list) -> list:
+    """The global batch's loss at every step: the mean of the ranks' losses (equal slices), in one
+    collective."""
+    import torch
     import torch.distributed as dist
 
-    total = loss.detach().clone()
+    total = torch.stack([loss.detach().float() for loss in losses])
     dist.all_reduce(total)
-    return total / dist.get_world_size()
+    return list(total / dist.get_world_size())
 
 
 def weight_spread(params: list) -> float:

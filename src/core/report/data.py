@@ -12,7 +12,8 @@ CSV_COLUMNS = (
     "backend", "device", "status", "plugin", "compile_s", "first_step_s", "step_s.median", "step_s.q1",
     "step_s.q3", "step_s.min", "step_s.max", "step_s.n", "images_per_s", "speedup_vs_eager",
     "break_even_steps", "threads", "peak_rss_mb", "cuda_peak_allocated_mb", "cuda_peak_reserved_mb",
-    "parity.passed", "parity.loss_rel_error", "parity.grad_rel_error", "parity.weight_rel_error",
+    "parity.passed", "parity.margin", "parity.worst_tensor", "parity.loss_rel_error", "parity.grad_rel_error",
+    "parity.weight_rel_error", "parity.buffer_rel_error",
     "distributed.nproc", "distributed.global_images_per_s", "distributed.slowest_rank_step_median_s",
     "distributed.scaling_efficiency", "error",
 )

@@ -29,6 +29,8 @@ import subprocess
 import sys
 from typing import Optional
 
+from ..processes import PARENT_PID_ENV
+
 #: Imported once in the server (not torch._inductor's compile workers: the child sets their count).
 PRELOAD = ("torch", "torch._dynamo", "cnncompare.core.cell.measure", "cnncompare.core.cell.main")
 
@@ -43,7 +45,8 @@ def serve() -> None:
     from ..cell.main import forked_main
     from ..processes import die_with_parent
 
-    die_with_parent()
+    die_with_parent(int(os.environ[PARENT_PID_ENV]))
+    server = os.getpid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     for name in PRELOAD:
         importlib.import_module(name)
@@ -73,19 +76,19 @@ def serve() -> None:
             request = json.loads(line)
             pid = os.fork()
             if pid == 0:
-                _run_child(stdin, forked_main, request)
+                _run_child(stdin, forked_main, request, server)
             running.add(pid)
             out.write(json.dumps({"started": pid}) + "\n")
             out.flush()
 
 
-def _run_child(stdin: int, forked_main, request: dict) -> None:
+def _run_child(stdin: int, forked_main, request: dict, server: int) -> None:
     """In the forked child: run the cell and leave with its exit code, never returning into
     the server's loop."""
     code = 70
     try:
         os.close(stdin)
-        code = forked_main(request["payload"], request["env"], request["workdir"], request["log"])
+        code = forked_main(request["payload"], request["env"], request["workdir"], request["log"], server)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:
@@ -112,8 +115,9 @@ class ForkServer:
     def _start(self) -> subprocess.Popen:
         # Its own session: a Ctrl-C in the terminal is the parent's, and killing a cell's
         # process group never reaches the server.
+        env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}
         proc = subprocess.Popen([sys.executable, "-m", "cnncompare.core.run.forkserver"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, start_new_session=True)
+                                stdout=subprocess.PIPE, start_new_session=True, env=env)
         self._proc, self._buffer = proc, b""
         message = self._read_message(block=True)
         if message is None or "ready" not in message:

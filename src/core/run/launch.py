@@ -13,6 +13,7 @@ a run killed with SIGKILL leaves none behind.
 """
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import signal
@@ -96,7 +97,7 @@ def _start_torchrun(config: RunConfig, order_path: str, run_id: str, env: dict, 
     with open(log_path, "wb") as log:
         return subprocess.Popen(torchrun.launch_command(config, order_path, run_id), stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, env=env, cwd=workdir,
-                                start_new_session=True, preexec_fn=die_with_parent)
+                                start_new_session=True, preexec_fn=functools.partial(die_with_parent, os.getpid()))
 
 
 def kill_tree(proc: Any) -> None:
@@ -233,8 +234,8 @@ def _read_record(workdir: str, returncode: int) -> tuple[Optional[CellRecord], i
     failure is a lost peer, a rank died without a word: no record (crashed, torchrun's summary
     in the log tail names the rank and the signal)."""
     path = Path(workdir) / "result.json"
-    record = CellRecord.from_json(path.read_text()) if path.exists() else None
-    failed = [CellRecord.from_json(p.read_text()) for p in Path(workdir).glob("rank*.json")]
+    record = _load_record(path) if path.exists() else None
+    failed = [_load_record(p) for p in Path(workdir).glob("rank*.json")]
     causes = [f for f in failed if not any(s in (f.error or "").lower() for s in PEER_LOST)]
     if causes:
         first = min(causes, key=lambda f: f.failed_at or 0.0)
@@ -243,6 +244,15 @@ def _read_record(workdir: str, returncode: int) -> tuple[Optional[CellRecord], i
     if failed:
         return None, returncode or 1
     return record, returncode
+
+
+def _load_record(path: Path) -> CellRecord:
+    """The record at ``path``; one the parent can't read (strict reading: an unknown key, a wrong
+    type) ends that cell as ``crashed`` with the reason, never the whole run."""
+    try:
+        return CellRecord.from_json(path.read_text())
+    except (OSError, ValueError, TypeError) as exc:
+        return CellRecord(status=Status.CRASHED, error=f"the cell's record could not be read: {type(exc).__name__}: {exc}")
 
 
 def _log_tail(path: Path) -> Optional[str]:

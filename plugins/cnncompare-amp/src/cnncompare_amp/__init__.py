@@ -7,15 +7,22 @@
 - ``compile-amp-bf16`` / ``compile-amp-fp16``: the same around ``torch.compile(model)``.
 
 Parity: autocast runs matmuls and convolutions in 16 bits (8 significant bits
-for bf16, 11 for fp16), so a first step can't match float64 to fp32's accuracy.
-Each backend states its own absolute RMSE tolerance (``parity_tolerance``).
-Measured on this model with bf16 on a CPU: the worst tensor's RMSE against
-float64 was 1.0e-3 at the seed config (a conv weight gradient, ~12 % of its
-RMS, and the conv biases, whose Adam update of size lr flips sign with the
-noise) and 5.3e-3 at the 8x8, batch-4 test config (BatchNorm statistics over
-4 images). The bf16 tolerance, 1e-2, admits that with a 2x margin; a model
-computing a slightly different function (log-probabilities off by 5 %) moves
-the loss by 0.1 and still fails. fp16 keeps 3 more bits: 5e-3.
+for bf16, 11 for fp16), so no step can match float64 to fp32's accuracy. Each
+backend states its own relative tolerance (``parity_rtol``, see cnncompare's
+docs/parity.md): a tensor passes when its norm-relative error against float64
+eager is at most 5 x fp32 eager's own + that.
+
+Measured on this model with emulated bf16 on a CPU at 14x14, batch 32 (the
+plugin's test config): every gradient is 5-15 % off float64 after step 1 (the
+largest weight's: 6.4 %), losses up to 2 %, and after step 3 the worst tensor
+is a BatchNorm bias (27 %: Adam's +-lr steps on its noisy gradient). The
+bf16 tolerance, 0.6, passes that at under half its limit and still fails a
+skipped first update (the loss of step 2 stays at step 1's: ~90 % off) or
+frozen BatchNorm statistics (100 % off). It can't catch a gradient 10 % too
+large: bf16's own gradient error is that size. At 8x8, batch 4 the model fits
+its 4 images in two steps and bf16's gradients of a near-zero loss are noise
+(160 % off): judge bf16 at a real batch. fp16 keeps 3 more bits (errors about
+8x smaller; CUDA-only, not measured here): 0.1.
 """
 from __future__ import annotations
 
@@ -38,9 +45,9 @@ def cpu_has_native_bf16() -> bool:
     except Exception:
         return True
 
-#: Absolute RMSE floor per tensor for bf16 (8 significant bits) and fp16 (11).
-BF16_TOLERANCE = 1e-2
-FP16_TOLERANCE = 5e-3
+#: Relative parity tolerance per tensor for bf16 (8 significant bits) and fp16 (11); see above.
+BF16_TOLERANCE = 0.6
+FP16_TOLERANCE = 0.1
 
 
 class _Autocast:
@@ -78,21 +85,21 @@ class _Autocast:
 class AmpBf16(_Autocast):
     name = "amp-bf16"
     dtype = torch.bfloat16
-    parity_tolerance = BF16_TOLERANCE
-    description = f"eager under torch.autocast(bfloat16); parity tolerance {BF16_TOLERANCE:g} RMSE (8 significant bits)"
+    parity_rtol = BF16_TOLERANCE
+    description = f"eager under torch.autocast(bfloat16); parity tolerance {BF16_TOLERANCE:g} relative (8 significant bits)"
 
 
 class CompileAmpBf16(AmpBf16):
     name = "compile-amp-bf16"
     compiled = True
-    description = f"torch.compile(model) under torch.autocast(bfloat16); parity tolerance {BF16_TOLERANCE:g} RMSE"
+    description = f"torch.compile(model) under torch.autocast(bfloat16); parity tolerance {BF16_TOLERANCE:g} relative"
 
 
 class AmpFp16(_Autocast):
     name = "amp-fp16"
     dtype = torch.float16
-    parity_tolerance = FP16_TOLERANCE
-    description = f"eager under torch.autocast(float16) with a GradScaler; parity tolerance {FP16_TOLERANCE:g} RMSE"
+    parity_rtol = FP16_TOLERANCE
+    description = f"eager under torch.autocast(float16) with a GradScaler; parity tolerance {FP16_TOLERANCE:g} relative"
 
     def unavailable_reason(self, device):
         if device.type != "cuda":
@@ -119,7 +126,7 @@ class AmpFp16(_Autocast):
 class CompileAmpFp16(AmpFp16):
     name = "compile-amp-fp16"
     compiled = True
-    description = f"torch.compile(model) under torch.autocast(float16) with a GradScaler; parity tolerance {FP16_TOLERANCE:g} RMSE"
+    description = f"torch.compile(model) under torch.autocast(float16) with a GradScaler; parity tolerance {FP16_TOLERANCE:g} relative"
 
 
 @cnncompare.hookimpl

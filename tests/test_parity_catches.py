@@ -1,0 +1,56 @@
+"""Parity catches backends that compute something else, and passes correct ones with margin.
+
+Each wrong backend (tests/wrong_backends.py) is written from the documented contract only. Both
+configs run whole cells in child processes, as a user's run does: the tiny one, and the seed
+study's (batch 128, 28x28) with one measured step, where the margins of the correct built-ins
+are held to at most half their limit.
+"""
+import pytest
+
+import wrong_backends
+from cnncompare.core.config import RunConfig
+from cnncompare.core.records import Status
+from cnncompare.core.results import RunReport
+from cnncompare.core.run.devices import DeviceSlot
+from cnncompare.core.run.orchestrate import plan_cells, run_cells
+from cnncompare.plugins import load_registry
+
+pytestmark = pytest.mark.e2e
+
+WRONG = tuple(cls.name for cls in wrong_backends.WRONG)
+
+
+def _run(config: RunConfig) -> dict:
+    registry = load_registry(extra_plugins=[wrong_backends], entry_points=False)
+    report = RunReport(environment={}, config=config)
+    run_cells(plan_cells(config, [DeviceSlot("cpu")]), config, registry, report, on_result=lambda rep: None)
+    return {r.backend: r for r in report.results}
+
+
+def _assert_verdicts(rows: dict, correct: tuple, max_margin: float) -> None:
+    for name in WRONG:
+        r = rows[name]
+        assert r.status is Status.FAIL_ACCURACY and not r.parity.passed, (name, r.status, r.error, r.error_tail)
+        assert r.parity.margin > 2, (name, r.parity)  # not a near miss: wrong by a clear multiple of the limit
+        assert r.error.startswith("parity: ") and r.parity.worst_tensor in r.error
+    for name in correct:
+        r = rows[name]
+        assert r.status is Status.OK and r.parity.passed, (name, r.error, r.error_tail)
+        assert r.parity.margin <= max_margin, (name, r.parity.worst_tensor, r.parity.margin)
+        assert r.parity.step == 3 and r.parity.tensors > 40 and r.parity.check_s > 0
+
+
+def test_wrong_backends_fail_and_correct_ones_pass_at_the_tiny_config(tiny_config):
+    correct = ("eager", "eager-fused", "channels-last")
+    rows = _run(tiny_config(backends=correct + WRONG, devices=("cpu",), steps=1))
+    _assert_verdicts(rows, correct, max_margin=0.5)
+    # The first cell computed the shared reference; the others loaded it.
+    assert rows["eager"].parity.reference_s > 0
+    assert all(rows[name].parity.reference_s is None for name in correct[1:] + WRONG)
+
+
+def test_wrong_backends_fail_and_correct_ones_pass_with_margin_at_the_seed_config():
+    correct = ("eager", "eager-fused", "channels-last", "jit-trace", "jit-script", "compile", "compile-step")
+    config = RunConfig(backends=correct + WRONG, devices=("cpu",), steps=1, warmup=2, threads=2)
+    assert config.batch_size == 128 and config.workload.options.get("image_size", 28) == 28
+    _assert_verdicts(_run(config), correct, max_margin=0.5)

@@ -1,0 +1,102 @@
+"""Backends that compute something else, written only from the documented backend contract.
+
+Each must end ``fail_accuracy``: the parity check exists to catch exactly these.
+Importable (the cell's child unpickles them) and registered as a plugin module.
+"""
+import torch
+from torch import nn
+
+import cnncompare
+from cnncompare.core.cell.training import make_train_step
+
+
+def _largest_weight(model: nn.Module) -> nn.Parameter:
+    return max((p for p in model.parameters() if p.dim() > 1), key=lambda p: p.numel())
+
+
+class GradTimes1_1:
+    """The largest weight's gradient 10 % too large (Adam's update can't show it: it is scale-blind)."""
+
+    name = "wrong-grad-x1.1"
+
+    def compile(self, model, example, device):
+        _largest_weight(model).register_hook(lambda g: g * 1.1)
+        return model
+
+
+class OtherBetas:
+    """Adam with betas (0.8, 0.99) instead of the default (0.9, 0.999)."""
+
+    name = "wrong-adam-betas"
+
+    def compile(self, model, example, device):
+        return model
+
+    def make_optimizer(self, params, lr):
+        return torch.optim.Adam(params, lr=lr, betas=(0.8, 0.99))
+
+
+class StaleAfterStep2:
+    """Trains for two steps, then replays its last loss without training (a stale graph replay)."""
+
+    name = "wrong-stale-after-2"
+
+    def compile(self, model, example, device):
+        return model
+
+    def make_train_step(self, forward, optimizer, loss_fn):
+        real = make_train_step(forward, optimizer, loss_fn)
+        state = {"calls": 0, "last": None}
+
+        def step(x, y):
+            state["calls"] += 1
+            if state["calls"] <= 2:
+                state["last"] = real(x, y)
+            return state["last"]
+
+        return step
+
+
+class FrozenBatchNorm:
+    """BatchNorm normalises with the batch but never updates its running statistics."""
+
+    name = "wrong-frozen-bn"
+
+    def compile(self, model, example, device):
+        for module in model.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                module.momentum = 0.0  # running stat = 1 x old + 0 x batch's: never moves
+        return model
+
+
+class SkipFirstUpdate:
+    """The first step computes loss and gradients but skips the optimizer's update."""
+
+    name = "wrong-skip-first-update"
+
+    def compile(self, model, example, device):
+        return model
+
+    def make_train_step(self, forward, optimizer, loss_fn):
+        real = make_train_step(forward, optimizer, loss_fn)
+        state = {"calls": 0}
+
+        def step(x, y):
+            state["calls"] += 1
+            if state["calls"] == 1:
+                loss = loss_fn(forward(x), y)
+                optimizer.zero_grad()
+                loss.backward()
+                return loss.detach()
+            return real(x, y)
+
+        return step
+
+
+WRONG = (GradTimes1_1, OtherBetas, StaleAfterStep2, FrozenBatchNorm, SkipFirstUpdate)
+
+
+@cnncompare.hookimpl
+def cnncompare_register_backends(register):
+    for cls in WRONG:
+        register(cls())
