@@ -2,4 +2,4 @@
 from cnncompare.core.config import WorkloadSpec
 
 TINY_WORKLOAD = WorkloadSpec("seed-cnn", {"image_size": 8}, "image")
-TINY = dict(batch_size=4, workload=TINY_WORKLOAD, steps=5, warmup=1, threads=1)
+TINY = dict(batch_size=4, workload=TINY_WORKLOAD, steps=5, warmup=1, threads=1, rounds=1)

@@ -31,7 +31,7 @@ def test_invalid_values_are_refused_naming_the_option(field, value, option):
 
 def test_defaults_are_the_seed_study_and_threads_resolve_to_all_cores():
     c = RunConfig()
-    assert (c.batch_size, c.steps, c.warmup, c.workload.name) == (128, 20, 3, "seed-cnn")
+    assert (c.batch_size, c.steps, c.warmup, c.rounds, c.workload.name) == (128, 5, 3, 3, "seed-cnn")
     assert c.resolved_threads == available_cores()
     assert c.to_dict()["threads"] == available_cores()
 
@@ -50,5 +50,6 @@ def test_a_report_from_before_workloads_reads_as_the_seed_cnn():
            "max_memory_mb": None, "compile_cache": "cold", "compile_threads": 1}
     c = RunConfig.from_dict(old)
     assert c.workload == WorkloadSpec("seed-cnn", {"image_size": 8, "in_channels": 3, "num_classes": 10}, "image")
+    assert c.rounds == 1  # measured before --rounds: one round
     with pytest.raises(ValueError, match="stepz"):
         RunConfig.from_dict({**c.to_dict(), "stepz": 3})  # a misspelled key is an error, not dropped

@@ -78,7 +78,7 @@ def test_cli_end_to_end(tmp_path):
     malloc = "reuse" if malloc_supported("reuse") is None else "system"  # the other policy runs in builtin_report
     proc = subprocess.run(
         [sys.executable, "-m", "cnncompare", "--backends", "eager", "--devices", "cpu,cuda",
-         "--batch-size", "4", "--image-size", "8", "--steps", "3", "--warmup", "0", "--threads", "1",
+         "--batch-size", "4", "--image-size", "8", "--steps", "3", "--warmup", "0", "--rounds", "1", "--threads", "1",
          "--malloc", malloc, "--output", str(md), "--json", str(js)],
         capture_output=True, text=True, timeout=300,
     )
@@ -132,3 +132,35 @@ def test_warm_compile_cache_runs_twice_and_keeps_the_cold_times(tiny_config):
     r = run_cell(registry.get("eager"), "x", DeviceSlot("cpu"), tiny_config(compile_cache="warm"))
     assert r.status is Status.OK and r.compile_cache == "warm"
     assert r.cold_compile_s is not None and r.cold_first_step_s is not None
+
+
+def test_rounds_shuffle_the_backends_reuse_the_cache_and_give_an_interval(tmp_path):
+    """--rounds 2: every backend twice, in a seeded shuffle per round, the sentinel timed at each
+    round's start; round 2 adds samples and a warm compile; the speedup gets an interval."""
+    from _tiny import TINY
+    from cnncompare.core.config import RunConfig
+
+    config = RunConfig(backends=("eager", "eager-fused", "compile"), devices=("cpu",), **{**TINY, "rounds": 2})
+    report = RunReport(environment={}, config=config)
+    run_cells(plan_cells(config, [DeviceSlot("cpu")]), config, load_registry(entry_points=False), report,
+              on_result=lambda rep: None)
+    log = report.round_log["cpu"]
+    assert len(log) == 2 and all(sorted(info.order) == ["compile", "eager", "eager-fused"] for info in log)
+    assert all(info.sentinel_s > 0 for info in log)
+    rows = {r.backend: r for r in report.results}
+    for r in rows.values():
+        assert r.status is Status.OK and len(r.rounds) == 2 and [len(s) for s in r.round_samples] == [5, 5]
+        assert r.step_s.n == 10 and r.parity.passed
+        low, high = r.speedup_ci
+        assert low <= r.speedup_vs_eager <= high
+    assert rows["compile"].warm_compile_s is not None and rows["compile"].round_compile_s[0] == rows["compile"].compile_s
+    data = json.loads(report.to_json())
+    assert set(data["verdict"]["cpu"]) == {"pick", "best", "speedup", "speedup_ci", "tied_with"}
+    again = RunReport.from_json(report.to_json())  # the JSON keeps what the verdict needs
+    assert again.verdicts["cpu"].to_dict() == data["verdict"]["cpu"]
+    assert again.round_log == report.round_log
+    # Resumed with every round done, nothing is left to run.
+    ran = []
+    run_cells(plan_cells(config, [DeviceSlot("cpu")]), config, load_registry(entry_points=False), again,
+              on_result=lambda rep: ran.append(rep))
+    assert ran == [] and len(again.round_log["cpu"]) == 2

@@ -51,6 +51,6 @@ def test_wrong_backends_fail_and_correct_ones_pass_at_the_tiny_config(tiny_confi
 
 def test_wrong_backends_fail_and_correct_ones_pass_with_margin_at_the_seed_config():
     correct = ("eager", "eager-fused", "channels-last", "jit-trace", "jit-script", "compile", "compile-step")
-    config = RunConfig(backends=correct + WRONG, devices=("cpu",), steps=1, warmup=2, threads=2)
+    config = RunConfig(backends=correct + WRONG, devices=("cpu",), steps=1, warmup=2, threads=2, rounds=1)
     assert config.batch_size == 128 and config.workload.options.get("image_size", 28) == 28
     _assert_verdicts(_run(config), correct, max_margin=0.5)

@@ -1,5 +1,6 @@
 """The record that crosses the process boundary and the statistics: typed, strict, in one place."""
 import json
+import statistics
 
 import pytest
 
@@ -64,13 +65,45 @@ def test_noise_and_overlap_rules():
     assert stats.kernel_share(0.3, 0.1) == pytest.approx(0.25) and stats.kernel_share(0.3, 0.0) is None
 
 
-def test_verdict_picks_the_fastest_ok_row_and_says_how_far_to_trust_it():
-    def row(name, samples, status=Status.OK):
-        return CellResult(backend=name, device="cpu", status=status, step_s=stats.StepStats.from_samples(samples))
+def _row(name, samples, status=Status.OK, rounds=None):
+    rows = CellResult(backend=name, device="cpu", status=status, step_s=stats.StepStats.from_samples(samples))
+    if rounds:
+        rows.round_samples = rounds
+        rows.rounds = [statistics.median(r) for r in rounds]
+    return rows
 
-    eager, fast, wrong = row("eager", [1.0, 1.0, 1.0]), row("fast", [0.5, 0.5, 0.5]), row("wrong", [0.1], Status.FAIL_ACCURACY)
-    v = stats.verdict("cpu", [eager, fast, wrong])
-    assert v.best is fast and v.eager is eager and not v.overlaps_eager and not v.noisy
-    close = row("close", [0.9, 0.95, 1.05])
-    assert stats.verdict("cpu", [eager, close]).overlaps_eager
-    assert stats.verdict("cpu", [wrong]).best is None
+
+def _verdict(*rows):
+    stats.derive(rows, batch_size=1)
+    return stats.verdict("cpu", rows)
+
+
+def test_verdict_picks_the_fastest_ok_row_and_says_how_far_to_trust_it():
+    eager, fast, wrong = _row("eager", [1.0, 1.0, 1.0]), _row("fast", [0.5, 0.5, 0.5]), _row("wrong", [0.1], Status.FAIL_ACCURACY)
+    v = _verdict(eager, fast, wrong)
+    assert v.best is fast and v.pick == "fast" and v.eager is eager and not v.overlaps_eager and not v.noisy
+    assert v.to_dict() == {"pick": "fast", "best": "fast", "speedup": 2.0, "speedup_ci": [2.0, 2.0], "tied_with": []}
+    close = _row("close", [0.9, 0.95, 1.05])
+    v = _verdict(eager, close)
+    assert v.overlaps_eager and v.pick is None and v.tied_with == ["eager"]  # its interval reaches 1.0
+    assert _verdict(wrong).best is None
+
+
+def test_speedup_is_the_median_of_paired_round_ratios_with_a_bootstrap_interval():
+    # Round 2 ran on a machine 50 % slower for both: pairing rounds cancels the drift.
+    eager = _row("eager", [1.0] * 6, rounds=[[1.0, 1.02, 0.98], [1.5, 1.53, 1.47]])
+    fast = _row("fast", [0.5] * 6, rounds=[[0.5, 0.51, 0.49], [0.75, 0.76, 0.74]])
+    speedup, low, high = stats.speedup_interval(stats.rounds_of(eager), stats.rounds_of(fast))
+    assert speedup == pytest.approx(2.0) and low < 2.0 < high and high / low < 1.2
+    assert stats.speedup_interval(stats.rounds_of(eager), stats.rounds_of(fast)) == (speedup, low, high)  # seeded
+    v = _verdict(eager, fast)
+    assert v.pick == "fast" and fast.speedup_ci == [low, high]
+
+
+def test_two_backends_whose_intervals_overlap_are_a_tie():
+    eager = _row("eager", [1.0] * 6, rounds=[[1.0, 1.1, 0.9], [1.0, 1.05, 0.95]])
+    a = _row("a", [0.5] * 6, rounds=[[0.5, 0.55, 0.45], [0.52, 0.5, 0.54]])
+    b = _row("b", [0.51] * 6, rounds=[[0.51, 0.56, 0.46], [0.5, 0.55, 0.48]])
+    v = _verdict(eager, a, b)
+    assert v.pick is None and v.best.backend in ("a", "b") and v.tied_with == [({"a", "b"} - {v.best.backend}).pop()]
+    assert v.to_dict()["pick"] is None

@@ -79,7 +79,8 @@ class WorkloadSpec:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """What one run measures. Defaults are the seed study's (batch 128, 28x28, 20 steps).
+    """What one run measures. Defaults are the seed study's (batch 128, 28x28), measured in 3
+    rounds of 5 steps per cell (``--rounds``: see docs/verdicts.md for why those numbers).
 
     ``backends`` and ``devices`` are resolved names (the CLI expands ``all``
     and patterns); ``threads`` None means every core this process may use,
@@ -91,8 +92,14 @@ class RunConfig:
     workload: WorkloadSpec = WorkloadSpec()
     batch_size: int = option(128, "--batch-size", "samples per step", minimum=1)
     lr: float = 1e-3
-    steps: int = option(20, "--steps", "measured steps per cell", minimum=1)
-    warmup: int = option(3, "--warmup", "warm-up steps; at least 2 run (parity judges step 3), a backend may ask for more", minimum=0)
+    steps: int = option(5, "--steps", "measured steps per cell and round", minimum=1)
+    warmup: int = option(3, "--warmup", "warm-up steps; at least 2 run (parity judges step 3), a backend may ask "
+                         "for more", minimum=0)
+    rounds: int = option(
+        3, "--rounds", "rounds per device: each runs every backend once, in a fresh process, in a new shuffled "
+        "order, so drift hits every backend alike; the speedup is the median over rounds with a 95 %% interval; "
+        "rounds after the first reuse the cell's compile cache (its compile times are reported as warm)",
+        minimum=1, metavar="N")
     seed: int = option(0, "--seed", "seed for weights and data", minimum=0)
     threads: Optional[int] = option(None, "--threads", "torch CPU threads", minimum=1,
                                     shown_default="every available core")
@@ -188,8 +195,9 @@ class RunConfig:
     @classmethod
     def from_dict(cls, data: dict) -> "RunConfig":
         """A recorded config; reports from before workloads (image size etc. at the top level)
-        are read as the seed CNN's options."""
+        are read as the seed CNN's options, and from before ``--rounds`` as one round."""
         data = dict(data)
+        data.setdefault("rounds", 1)
         if "workload" not in data:
             data["workload"] = {"name": DEFAULT_WORKLOAD, "sample_unit": "image",
                                 "options": {k: data.pop(k) for k in ("image_size", "in_channels", "num_classes")

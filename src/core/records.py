@@ -246,3 +246,5 @@ class CellOrder:
     cell_dir: str
     run_dir: Optional[str]
     progress_path: Optional[str]
+    #: False in rounds after the first: time and memory only, no parity check or roofline.
+    judge: bool = True

@@ -41,9 +41,18 @@ class CellResult(Measured):
     cold_compile_s: Optional[float] = None
     cold_first_step_s: Optional[float] = None
     wall_s: Optional[float] = None
+    # Each round's median step seconds; with --rounds > 1 also each round's samples (step_s
+    # pools them), compile and first-step seconds (round 1's are the cold ones).
+    rounds: Optional[list[float]] = None
+    round_samples: Optional[list[list[float]]] = None
+    round_compile_s: Optional[list[Optional[float]]] = None
+    round_first_step_s: Optional[list[Optional[float]]] = None
     # Derived (stats.derive). images_per_s is samples per second in the workload's unit.
     images_per_s: Optional[float] = None
     speedup_vs_eager: Optional[float] = None
+    speedup_ci: Optional[list[float]] = None
+    warm_compile_s: Optional[float] = None
+    warm_first_step_s: Optional[float] = None
     break_even_steps: Optional[int] = None
     achieved_gflops: Optional[float] = None
     pct_of_peak: Optional[float] = None
@@ -63,8 +72,20 @@ class CellResult(Measured):
 
 
 @dataclass
+class RoundInfo:
+    """One round on one device: the order its backends ran in (shuffled, seeded) and the drift
+    sentinel's seconds at its start (``run/sentinel.py``)."""
+
+    order: list[str]
+    sentinel_s: Optional[float] = None
+
+
+@dataclass
 class RunReport:
-    """A whole run: what was measured where, and every cell's result."""
+    """A whole run: what was measured where, and every cell's result.
+
+    ``round_log`` holds each device's rounds; ``verdicts`` (derived, written as
+    the JSON's ``verdict``) which backend each device's figures pick."""
 
     environment: dict[str, Any]
     config: RunConfig
@@ -74,7 +95,9 @@ class RunReport:
     started_at: Optional[str] = None
     finished_at: Optional[str] = None
     interrupted: bool = False
+    round_log: dict[str, list[RoundInfo]] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
+    verdicts: dict[str, stats.Verdict] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._derive()
@@ -83,8 +106,13 @@ class RunReport:
         self.results.append(result)
         self._derive()
 
+    def rederive(self) -> None:
+        """Derive again after a row changed in place (a later round joined it)."""
+        self._derive()
+
     def _derive(self) -> None:
         stats.derive(self.results, self.config.batch_size)
+        self.verdicts = {device: stats.verdict(device, self.rows(device)) for device in self.devices()}
 
     def devices(self) -> list[str]:
         return list(dict.fromkeys(r.device for r in self.results))
@@ -94,8 +122,10 @@ class RunReport:
 
     def to_dict(self) -> dict:
         data = asdict(self)
+        data.pop("verdicts")
         data["config"] = self.config.to_dict()
         data["results"] = [r.to_dict() for r in self.results]
+        data["verdict"] = {device: v.to_dict() for device, v in self.verdicts.items()}
         return finite(data)
 
     def to_json(self) -> str:
@@ -108,7 +138,10 @@ class RunReport:
         data = _upgrade(dict(data))
         config = RunConfig.from_dict(data.pop("config"))
         results = [from_data(CellResult, r) for r in data.pop("results", [])]
-        return cls(**{k: v for k, v in data.items() if k in _REPORT_KEYS}, config=config, results=results)
+        round_log = {device: [from_data(RoundInfo, r) for r in rounds]
+                     for device, rounds in data.pop("round_log", {}).items()}
+        return cls(**{k: v for k, v in data.items() if k in _REPORT_KEYS}, config=config, results=results,
+                   round_log=round_log)
 
     @classmethod
     def from_json(cls, text: str) -> "RunReport":

@@ -6,9 +6,11 @@ or a report is loaded; renderers only format what is here.
 """
 from __future__ import annotations
 
+import functools
 import math
+import random
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from .records import Status
@@ -22,6 +24,10 @@ NOISE_THRESHOLD = 0.10
 KERNEL_SHARE_HINT = 0.2
 #: Significance level of ``cnncompare compare``'s rank test.
 DEFAULT_ALPHA = 0.05
+#: A speedup's interval: this coverage, from this many bootstrap resamples (seeded: the same
+#: samples give the same interval every time the report is derived).
+CONFIDENCE = 0.95
+BOOTSTRAP_RESAMPLES = 2000
 
 
 @dataclass
@@ -115,16 +121,83 @@ def parity_cost(rows: Sequence["CellResult"]) -> Optional[ParityCost]:
                       cells_wall_s=sum(r.wall_s or 0.0 for r in rows))
 
 
+def typical_step_s(r: "CellResult") -> float:
+    """A row's step seconds: the median of its rounds' medians with several rounds (each round
+    weighs the same, however its drift went), else its steps' median."""
+    assert r.step_s is not None
+    return statistics.median(r.rounds) if r.rounds and len(r.rounds) > 1 else r.step_s.median
+
+
+def sentinel_spread(seconds: Sequence[Optional[float]]) -> Optional[tuple[float, float]]:
+    """The drift sentinel's fastest and slowest time over a device's rounds, None without two."""
+    known = [s for s in seconds if s is not None]
+    return (min(known), max(known)) if len(known) > 1 else None
+
+
+Rounds = tuple[tuple[float, ...], ...]
+
+
+def rounds_of(r: "CellResult") -> Rounds:
+    """A row's measured step seconds, round by round (one round for a run without ``--rounds``)."""
+    if r.round_samples:
+        return tuple(tuple(s) for s in r.round_samples)
+    return (tuple(r.step_s.samples),) if r.step_s else ()
+
+
+@functools.lru_cache(maxsize=4096)
+def speedup_interval(base: Rounds, other: Rounds) -> tuple[float, float, float]:
+    """``(speedup, low, high)`` of ``other`` against ``base`` (> 1: ``other`` is faster).
+
+    The speedup is the median over rounds of each round's ``median(base) / median(other)``:
+    rounds are paired, since a round's drift hits both alike. The interval (``CONFIDENCE``) is a
+    two-level bootstrap: rounds resampled with replacement, then each round's steps, each
+    time the median of the rounds' ratios; its percentiles bound the speedup. With one round
+    it is the steps' bootstrap alone. Cached: a report is derived again whenever a row joins.
+    """
+    pairs = list(zip(base, other))
+    ratios = [statistics.median(b) / statistics.median(o) for b, o in pairs]
+    rng = random.Random(0)
+    draws = []
+    for _ in range(BOOTSTRAP_RESAMPLES):
+        picked = [pairs[rng.randrange(len(pairs))] for _ in pairs]
+        draws.append(statistics.median(
+            statistics.median(rng.choices(b, k=len(b))) / statistics.median(rng.choices(o, k=len(o)))
+            for b, o in picked))
+    draws.sort()
+    tail = (1 - CONFIDENCE) / 2
+    low = draws[int(tail * (len(draws) - 1))]
+    high = draws[math.ceil((1 - tail) * (len(draws) - 1))]
+    return statistics.median(ratios), low, high
+
+
 @dataclass
 class Verdict:
-    """Which backend to pick on one device, and how far to trust it."""
+    """Which backend to pick on one device, and how far to trust it.
+
+    The best row is the one with the highest speedup over eager. It is the
+    ``pick`` only when its interval clears every other ``ok`` row's; the rows
+    whose interval reaches its lower end are ``tied_with`` it (eager's interval
+    is the point 1.0). Without an eager row the fastest median is the best, untested.
+    """
 
     device: str
     best: Optional["CellResult"]
     eager: Optional["CellResult"]
-    #: The best row's quartiles reach eager's: the win is within the noise.
+    tied_with: list[str] = field(default_factory=list)
+    #: The best row's quartiles reach eager's: the win is within one round's noise.
     overlaps_eager: bool = False
     noisy: bool = False
+
+    @property
+    def pick(self) -> Optional[str]:
+        return self.best.backend if self.best is not None and not self.tied_with else None
+
+    def to_dict(self) -> dict:
+        """The JSON ``verdict`` object of a device."""
+        best = self.best
+        return {"pick": self.pick, "best": best.backend if best else None,
+                "speedup": best.speedup_vs_eager if best else None,
+                "speedup_ci": best.speedup_ci if best else None, "tied_with": self.tied_with}
 
 
 def verdict(device: str, rows: Sequence["CellResult"]) -> Verdict:
@@ -132,12 +205,17 @@ def verdict(device: str, rows: Sequence["CellResult"]) -> Verdict:
     eager = next((r for r in ok if r.backend == "eager"), None)
     if not ok:
         return Verdict(device, None, eager)
-    best = min(ok, key=_median)
-    if eager is None or best is eager:
-        return Verdict(device, best, eager)
+    if eager is None:
+        return Verdict(device, min(ok, key=_median), None)
+    best = max(ok, key=lambda r: (r.speedup_vs_eager or 0.0, r is eager))
+    low = best.speedup_ci[0] if best.speedup_ci else best.speedup_vs_eager or 1.0
+    tied = [r.backend for r in sorted(ok, key=lambda r: -(r.speedup_vs_eager or 0.0))
+            if r is not best and r.speedup_ci and r.speedup_ci[1] >= low]
+    if best is eager:
+        return Verdict(device, best, eager, tied)
     assert best.step_s is not None and eager.step_s is not None
     overlaps = quartiles_overlap(best.step_s, eager.step_s)
-    return Verdict(device, best, eager, overlaps_eager=overlaps,
+    return Verdict(device, best, eager, tied, overlaps_eager=overlaps,
                    noisy=not overlaps and (best.step_s.noisy or eager.step_s.noisy))
 
 
@@ -150,15 +228,18 @@ def derive(results: Sequence["CellResult"], batch_size: int) -> None:
     """Fill the derived figures: samples/s, achieved GFLOP/s and % of peak, and the comparison
     with eager on the same device (speedup, break-even, memory ratio), and DDP's scaling.
 
-    speedup_vs_eager = eager median / backend median (>1 is faster), for ``ok``
-    cells only: a wrong or failed backend has no speedup worth quoting.
+    speedup_vs_eager = eager median / backend median (>1 is faster), per round and
+    then the median over rounds (``speedup_interval``, with ``speedup_ci``), for
+    ``ok`` cells only: a wrong or failed backend has no speedup worth quoting.
     break_even_steps = training steps until the backend's extra one-off cost
     (compile + first step beyond one steady step, minus eager's) is repaid by
     its per-step saving; None when it is not faster.
     """
     eager = {r.device: r for r in results if r.backend == "eager" and r.status == Status.OK and r.step_s}
     for r in results:
-        r.images_per_s = r.speedup_vs_eager = r.break_even_steps = None
+        r.images_per_s = r.speedup_vs_eager = r.speedup_ci = r.break_even_steps = None
+        r.warm_compile_s = _median_later(r.round_compile_s)
+        r.warm_first_step_s = _median_later(r.round_first_step_s)
         r.achieved_gflops = r.pct_of_peak = r.memory_ratio_vs_eager = None
         base = eager.get(r.device)
         if base is not None and r.status == Status.OK:
@@ -175,11 +256,21 @@ def derive(results: Sequence["CellResult"], batch_size: int) -> None:
             _derive_scaling(r, batch_size, median)
         if r.status != Status.OK or base is None or base.step_s is None:
             continue
-        r.speedup_vs_eager = base.step_s.median / median
+        if r is base:
+            r.speedup_vs_eager, r.speedup_ci = 1.0, [1.0, 1.0]
+        else:
+            speedup, low, high = speedup_interval(rounds_of(base), rounds_of(r))
+            r.speedup_vs_eager, r.speedup_ci = speedup, [low, high]
         saving = base.step_s.median - median
         if saving > 0:
             extra = one_off_cost(r) - one_off_cost(base)
             r.break_even_steps = 0 if extra <= 0 else math.ceil(extra / saving)
+
+
+def _median_later(per_round: Optional[Sequence[Optional[float]]]) -> Optional[float]:
+    """The median over rounds after the first (their compile cache is warm), None without any."""
+    later = [v for v in (per_round or [])[1:] if v is not None]
+    return statistics.median(later) if later else None
 
 
 def _derive_scaling(r: "CellResult", batch_size: int, slowest_median: float) -> None:

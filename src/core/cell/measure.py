@@ -126,13 +126,16 @@ def _no_phase(name: str, done: int, total: int) -> None:
 
 def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
             checkpoint: Callable[[CellRecord], None], cell_dir: str, run_dir: Optional[str] = None,
-            on_phase: PhaseReporter = _no_phase, rank: Optional[Rank] = None) -> CellRecord:
+            on_phase: PhaseReporter = _no_phase, rank: Optional[Rank] = None, judge: bool = True) -> CellRecord:
     """Measure ``backend`` training ``workload`` on ``device_name``; return the child's record.
 
     ``checkpoint`` is called with the record once timing and memory are
     known, so they survive a crash or timeout in the parity check.
     ``cell_dir`` is this cell's private directory (the first-step snapshot);
     ``run_dir`` is shared by the run's cells (per-device reference and roofline).
+
+    ``judge`` False (a later round of ``--rounds``) takes time and memory only: no parity
+    snapshots, check or roofline (the first round's stand for the row).
 
     Under torchrun ``rank`` says where this process sits (see ``rank.py``):
     the returned record is then the node's combined row on a reporting rank;
@@ -177,7 +180,7 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
         # CPU, and both peaks are reset after it (so are the collectives that check DDP's ranks).
         if rank:
             spread = ddp.weight_spread(trained_parameters(forward, model))
-        if rank is None or rank.rank == 0:
+        if judge and (rank is None or rank.rank == 0):
             torch.save(snapshot(model, forward, losses), snapshot_paths[0])
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
@@ -187,7 +190,7 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
 
         def after_warmup_step(i: int, model=model, forward=forward, losses=losses) -> None:
             on_phase("warmup", i, warmup)
-            if 1 + i == judged:  # the parity step's state (untimed; the losses are the ranks' mean under DDP)
+            if judge and 1 + i == judged:  # the parity step's state (untimed; the losses are the ranks' mean under DDP)
                 judged_losses = ddp.mean_losses(losses) if rank else losses
                 if rank is None or rank.rank == 0:
                     torch.save(snapshot(model, forward, judged_losses), snapshot_paths[1])
@@ -230,6 +233,8 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
                             f"this node's ranks start at {rank.rank}"]
             return record
     checkpoint(record)
+    if not judge:
+        return record
 
     phase = "parity"
     on_phase(phase, 0, 1)

@@ -2,6 +2,8 @@
 
 The test is Mann-Whitney U (two-sided) on the kept per-step samples: a rank
 test, so it assumes no distribution and one outlier step can't decide it.
+Where both runs have several rounds, each side's median is the median of its
+rounds' medians (``stats.typical_step_s``) and the test pools every round's steps.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from tabulate import tabulate
 
 from ..records import Status
 from ..results import RunReport, differences
-from ..stats import rank_test
+from ..stats import rank_test, typical_step_s
 from .markdown import md_cell
 
 
@@ -47,7 +49,7 @@ def compare_runs(base: RunReport, new: RunReport) -> list[CellComparison]:
         b, n = base_cells.get(key), new_cells.get(key)
         c = CellComparison(key[0], key[1], b.status.value if b else None, n.status.value if n else None)
         if b and n and b.status == n.status == Status.OK and b.step_s and n.step_s:
-            c.base_median, c.new_median = b.step_s.median, n.step_s.median
+            c.base_median, c.new_median = typical_step_s(b), typical_step_s(n)
             c.ratio = c.new_median / c.base_median
             c.p_value = rank_test(b.step_s.samples, n.step_s.samples)
         out.append(c)

@@ -15,8 +15,8 @@ from tabulate import tabulate
 
 from ..config import RunConfig
 from ..records import Status
-from ..results import CellResult, RunReport
-from ..stats import KERNEL_SHARE_HINT, NOISE_THRESHOLD, kernel_share, parity_cost, verdict
+from ..results import CellResult, RoundInfo, RunReport
+from ..stats import CONFIDENCE, KERNEL_SHARE_HINT, NOISE_THRESHOLD, Verdict, kernel_share, parity_cost, sentinel_spread
 from .charts import PLOT_HINT
 
 
@@ -81,8 +81,8 @@ def _device_table(results: list[CellResult], config: RunConfig) -> str:
             _num(s.median if s else None),
             _num(s.iqr if s else None, 2),
             _num(r.images_per_s),
-            f"{r.speedup_vs_eager:.2f}x" if r.speedup_vs_eager is not None else "–",
-            _num(r.compile_s),
+            _speedup(r),
+            _num(r.compile_s) + (f" (warm {_num(r.warm_compile_s)})" if r.warm_compile_s is not None else ""),
             _num(r.first_step_s),
             str(r.break_even_steps) if r.break_even_steps is not None else "–",
             _num(r.peak_rss_mb, 4),
@@ -133,6 +133,21 @@ def _diagnostics_table(results: list[CellResult]) -> Optional[str]:
     if all(row[4] == "–" and row[5] == "–" for row in rows):
         headers, rows = headers[:4] + headers[6:], [row[:4] + row[6:] for row in rows]
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def _rounds_line(device: str, log: list[RoundInfo]) -> Optional[str]:
+    """How many rounds, and how far the drift sentinel moved over them."""
+    if len(log) < 2:
+        return None
+    text = (f"Rounds ({md_cell(device)}): {len(log)}, each backend once per round in a fresh shuffled order; "
+            f"speedup = median over rounds of each round's ratio to eager, with its {CONFIDENCE:.0%} interval "
+            "(bootstrap over rounds and steps); compile (warm) = later rounds', from the cell's kept cache.")
+    spread = sentinel_spread([info.sentinel_s for info in log])
+    if spread:
+        low, high = spread
+        text += (f" Drift sentinel: {low * 1000:.1f} to {high * 1000:.1f} ms "
+                 f"(the machine's speed moved by {high / low - 1:.0%} over the run).")
+    return text
 
 
 def _parity_table(results: list[CellResult]) -> Optional[str]:
@@ -202,24 +217,36 @@ def _scaling_line(device: str, results: list[CellResult], config: RunConfig) -> 
             "The tables above show the slowest rank's steps: a synchronous step waits for it.")
 
 
-def _summary_line(device: str, results: list[CellResult]) -> str:
+def _speedup(r: CellResult) -> str:
+    """``1.49x`` with its interval where it has one: ``1.49x [1.40, 1.58]``."""
+    if r.speedup_vs_eager is None:
+        return "–"
+    ci = r.speedup_ci
+    return f"{r.speedup_vs_eager:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci and ci[0] != ci[1] else "")
+
+
+def _summary_line(v: Verdict) -> str:
     """Which backend to pick on this device, what it costs up front, and whether the win is real."""
-    v = verdict(device, results)
-    best = v.best
+    best, device = v.best, md_cell(v.device)
     if best is None or best.step_s is None:
-        return f"- **{md_cell(device)}**: no backend finished `ok`."
-    text = f"- **{md_cell(device)}**: pick **{md_cell(best.backend)}**, {best.step_s.median:.4g} s/step"
+        return f"- **{device}**: no backend finished `ok`."
     if v.eager is None:
-        return text + " (no eager row, so no speedup)."
+        return (f"- **{device}**: fastest **{md_cell(best.backend)}**, {best.step_s.median:.4g} s/step "
+                "(no eager row, so no speedup and no verdict).")
+    if v.tied_with:
+        names = ", ".join(f"**{md_cell(n)}**" for n in v.tied_with)
+        what = "no backend is clearly faster than eager" if "eager" in v.tied_with or best is v.eager else "a tie"
+        return (f"- **{device}**: {what}: **{md_cell(best.backend)}** at {_speedup(best)} eager, and {names}, whose "
+                f"{CONFIDENCE:.0%} intervals reach its lower end. Rerun with more `--rounds` to separate them.")
     if best is v.eager:
-        return text + ": no backend beat eager here."
-    text += f", {best.speedup_vs_eager:.2f}x eager"
+        return f"- **{device}**: pick **eager**, {best.step_s.median:.4g} s/step: no backend beat it here."
+    text = f"- **{device}**: pick **{md_cell(best.backend)}**, {best.step_s.median:.4g} s/step, {_speedup(best)} eager"
     if best.break_even_steps == 0:
         text += ", with no extra up-front cost"
     elif (steps := best.break_even_steps) is not None:
         text += f"; its extra compile cost is repaid after {steps} training step{'' if steps == 1 else 's'}"
     if v.overlaps_eager:
-        text += " (its quartiles overlap eager's: within the noise, rerun before trusting it)"
+        text += " (its quartiles overlap eager's: within one round's noise)"
     elif v.noisy:
         text += f" (spread above {NOISE_THRESHOLD * 100:.0f} % of the median: a noisy machine)"
     return text + "."
@@ -302,6 +329,7 @@ def _run_line(report: RunReport) -> str:
         f"Workload **{md_cell(workload.name)}**" + (f" ({md_cell(options)})" if options else "")
         + f", batch {config.batch_size} {md_cell(workload.sample_unit)}s, "
         f"{config.warmup} warm-up + {config.steps} measured steps per cell"
+        + (f" and round, {config.rounds} rounds" if config.rounds > 1 else "")
         + (f"; C allocator: `--malloc {md_cell(config.malloc)}`" if config.malloc != "system" else "")
         + "."
     )
@@ -317,7 +345,7 @@ def render_markdown(report: RunReport, charts: Optional[list[tuple[str, str]]] =
     out += ["", "## Summary", ""]
     devices = report.devices()
     for device in devices:
-        out.append(_summary_line(device, report.rows(device)))
+        out.append(_summary_line(report.verdicts[device]))
     if not devices:
         out.append("No cell finished.")
     if charts:
@@ -327,6 +355,9 @@ def render_markdown(report: RunReport, charts: Optional[list[tuple[str, str]]] =
     for device in devices:
         rows = report.rows(device)
         out += ["", f"## {md_cell(device)}", "", _device_table(rows, config)]
+        rounds = _rounds_line(device, report.round_log.get(device, []))
+        if rounds:
+            out += ["", rounds]
         diagnostics = _diagnostics_table(rows)
         if diagnostics:
             peak = next((r.peak_gflops for r in rows if r.peak_gflops), None)
@@ -393,7 +424,7 @@ def render_combined(reports: list[RunReport]) -> str:
     out += ["", "## Summary", ""]
     for i, rep in enumerate(reports, 1):
         for device in rep.devices():
-            line = _summary_line(device, rep.rows(device))
+            line = _summary_line(rep.verdicts[device])
             out.append(line.replace(f"**{md_cell(device)}**", f"**run {i}, {md_cell(device)}**", 1))
     for i, rep in enumerate(reports, 1):
         for device in rep.devices():

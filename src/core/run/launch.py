@@ -179,14 +179,15 @@ class _PhaseReader:
 
 
 def spawn(backend: Any, workload: Any, device: str, config: RunConfig, workdir: str, cache_dir: str,
-          run_dir: Optional[str], on_phase: PhaseCallback) -> Outcome:
-    """One child process, or one torchrun job under ``--nproc``, from start to end."""
+          run_dir: Optional[str], on_phase: PhaseCallback, judge: bool = True) -> Outcome:
+    """One child process, or one torchrun job under ``--nproc``, from start to end (``judge``: see
+    ``CellOrder``)."""
     os.makedirs(workdir)
     progress = os.path.join(workdir, "progress")
     order = CellOrder(sys_path=list(sys.path), backend=Shipped.of("backend", backend),
                       workload=Shipped.of("workload", workload), config=config, device=device,
                       result_path=os.path.join(workdir, "result.json"), cell_dir=workdir, run_dir=run_dir,
-                      progress_path=progress)
+                      progress_path=progress, judge=judge)
     order_path = os.path.join(workdir, "order.pkl")
     fd = os.open(order_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:

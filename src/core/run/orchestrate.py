@@ -7,6 +7,12 @@ gets a fresh compile cache directory, so compile times are cold
 supervising a child is ``launch.py``'s; this module decides what runs and
 turns each child's ``CellRecord`` and ending into the report's row.
 
+With ``--rounds N`` each device's cells run N times, round by round, each round
+in a fresh seeded shuffle of the backends (drift then hits every backend
+alike) with the drift sentinel timed at its start. Round 1 is the cell as
+above (cold compile, memory, parity); later rounds reuse the cell's compile
+cache and add their step samples, medians and warm compile times to its row.
+
 With ``--nproc N`` a cell is the torchrun job and then, when it is ``ok``,
 the backend in one process with one rank's threads and batch: the
 single-process throughput that scaling efficiency divides by, measured in
@@ -15,7 +21,9 @@ the same run.
 from __future__ import annotations
 
 import os
+import random
 import signal
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -25,11 +33,13 @@ from ...backends import base
 from ...plugins import Registry
 from ..config import RunConfig
 from ..records import CellRecord, Status
-from ..results import CellResult, RunReport
+from ..results import CellResult, RoundInfo, RunReport
+from ..stats import StepStats
 from . import torchrun
 from .devices import DeviceSlot
 from .launch import SERVER, Outcome, PhaseCallback, spawn
 from .progress import Progress
+from .sentinel import sentinel_s
 
 
 class Interrupted(Exception):
@@ -54,30 +64,87 @@ def plan_cells(config: RunConfig, slots: list[DeviceSlot]) -> list[Cell]:
 
 def run_cells(cells: list[Cell], config: RunConfig, registry: Registry, report: RunReport,
               on_result: Callable[[RunReport], None], progress: Progress = Progress()) -> None:
-    """Run the cells not already in ``report`` (a resumed run keeps its finished ones).
+    """Run the cells not already in ``report`` (a resumed run keeps its finished ones), round by
+    round on each device (``--rounds``; one round by default).
 
     ``on_result`` is called after each cell so results are written as they
     come. ``Interrupted``/``KeyboardInterrupt`` propagate after the running
     child's process group is killed.
     """
-    done = {(r.backend, r.device) for r in report.results}
-    todo = [c for c in cells if (c.backend, c.device.name) not in done]
     workload = registry.workloads[config.workload.name]
-    progress.start_run(len(todo))
+    slots = list(dict.fromkeys(c.device for c in cells))
+    todo = sum(1 for c in cells for k in range(1, config.rounds + 1) if _needs_round(report, c, k))
+    progress.start_run(todo)
+    done = 0
     try:
-        # Private to this run: the parity reference and roofline per device, computed once and shared.
+        # Private to this run: the parity reference and roofline per device, computed once and
+        # shared, and each cell's compile cache, kept from round to round.
         with tempfile.TemporaryDirectory(prefix="cnncompare-run-") as run_dir:
-            for i, cell in enumerate(todo, 1):
-                label = f"{cell.backend} on {cell.device.name}"
-                progress.start_cell(i, len(todo), label)
-                result = run_cell(registry.get(cell.backend), registry.origin.get(cell.backend), cell.device, config,
-                                  run_dir, progress.phase, workload)
-                report.add(result)
-                on_result(report)
-                progress.end_cell(label, summarize(result))
+            for slot in slots:
+                names = [c.backend for c in cells if c.device == slot]
+                log = report.round_log.setdefault(slot.name, [])
+                for k in range(1, config.rounds + 1):
+                    due = [n for n in _round_order(names, config, slot.name, k)
+                           if _needs_round(report, Cell(n, slot), k)]
+                    if not due:
+                        continue
+                    if config.rounds > 1:
+                        log.append(RoundInfo(order=due, sentinel_s=sentinel_s(config.resolved_threads)))
+                    for name in due:
+                        done += 1
+                        label = f"{name} on {slot.name}" + (f", round {k}/{config.rounds}" if config.rounds > 1 else "")
+                        progress.start_cell(done, todo, label)
+                        cache = os.path.join(run_dir, "caches", slot.name.replace(":", "-"), name)
+                        result = run_cell(registry.get(name), registry.origin.get(name), slot, config, run_dir,
+                                          progress.phase, workload, cache_dir=cache, judge=k == 1)
+                        if k == 1:
+                            result.rounds = [result.step_s.median] if result.step_s else None
+                            report.add(result)
+                        else:
+                            _add_round(report, result, k)
+                        on_result(report)
+                        progress.end_cell(label, summarize(result))
     finally:
         SERVER.close()
         progress.end_run()
+
+
+def _round_order(names: list[str], config: RunConfig, device: str, k: int) -> list[str]:
+    """Round ``k``'s order: a shuffle seeded by the run's seed, the device and the round, so a
+    rerun (or a resumed run) repeats it. One round keeps the plan's order (eager first)."""
+    if config.rounds == 1:
+        return list(names)
+    order = list(names)
+    random.Random(f"{config.seed}:{device}:{k}").shuffle(order)
+    return order
+
+
+def _needs_round(report: RunReport, cell: Cell, k: int) -> bool:
+    """Whether round ``k`` of ``cell`` is still to run: round 1 when it has no row; a later round
+    when its row is ``ok`` and has fewer rounds (a failed or skipped backend is not re-run)."""
+    row = next((r for r in report.results if (r.backend, r.device) == (cell.backend, cell.device.name)), None)
+    if row is None:
+        return k == 1
+    if k == 1 or row.status != Status.OK:
+        return False
+    return len(row.rounds or [None]) < k
+
+
+def _add_round(report: RunReport, later: CellResult, k: int) -> None:
+    """Fold a later round into its row: its samples and median, its warm compile times; a round
+    that failed leaves a note and no figure (the row keeps round 1's status and verdicts)."""
+    row = next(r for r in report.results if (r.backend, r.device) == (later.backend, later.device))
+    if later.status != Status.OK or later.step_s is None:
+        row.notes.append(f"round {k}: {later.status.value}" + (f" ({later.error})" if later.error else ""))
+        return
+    assert row.step_s is not None
+    row.round_samples = (row.round_samples or [row.step_s.samples]) + [later.step_s.samples]
+    row.rounds = [statistics.median(s) for s in row.round_samples]
+    row.step_s = StepStats.from_samples([s for samples in row.round_samples for s in samples])
+    row.round_compile_s = (row.round_compile_s or [row.compile_s]) + [later.compile_s]
+    row.round_first_step_s = (row.round_first_step_s or [row.first_step_s]) + [later.first_step_s]
+    row.wall_s = (row.wall_s or 0.0) + (later.wall_s or 0.0)
+    report.rederive()
 
 
 def summarize(r: CellResult) -> str:
@@ -97,8 +164,13 @@ def summarize(r: CellResult) -> str:
 
 
 def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunConfig, run_dir: Optional[str] = None,
-             on_phase: PhaseCallback = Progress().phase, workload: Any = None) -> CellResult:
+             on_phase: PhaseCallback = Progress().phase, workload: Any = None, cache_dir: Optional[str] = None,
+             judge: bool = True) -> CellResult:
     """Measure one cell; never raises for a backend's failure (that is a result).
+
+    ``cache_dir`` is the cell's compile cache (None: a fresh one, so the compile is cold);
+    ``judge`` False measures time and memory only (a later round: no parity, no DDP
+    single-process run).
 
     ``workload`` is the config's workload object; None looks it up through the plugins."""
     if workload is None:
@@ -113,15 +185,17 @@ def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunC
     row.update(compile_cache=config.compile_cache, compile_threads=config.compile_threads)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="cnncompare-cell-") as cell_dir:
-        outcome, cold = _measure(backend, workload, slot.name, config, cell_dir, run_dir, on_phase)
+        outcome, cold = _measure(backend, workload, slot.name, config, cell_dir, run_dir, on_phase,
+                                 cache_dir or os.path.join(cell_dir, "compile-cache"), judge)
         result = _result(outcome, config, row)
         if cold is not None and cold.record is not None:
             result.cold_compile_s, result.cold_first_step_s = cold.record.compile_s, cold.record.first_step_s
-        if config.distributed and result.status == Status.OK and result.distributed is not None:
+        if config.distributed and judge and result.status == Status.OK and result.distributed is not None:
             # Scaling efficiency's denominator; a failed DDP cell has no efficiency to compute.
             alone = config.single_process()
             single, _ = _measure(backend, workload, slot.name, alone, os.path.join(cell_dir, "single"), run_dir,
-                                 lambda name, done, total: on_phase(f"single-process-{name}", done, total))
+                                 lambda name, done, total: on_phase(f"single-process-{name}", done, total),
+                                 os.path.join(cell_dir, "single-compile-cache"), judge=False)
             one = _result(single, alone, row)
             result.distributed = replace(
                 result.distributed, single_process_status=one.status.value,
@@ -144,14 +218,14 @@ def _unavailable(backend: Any, device: str, config: RunConfig) -> Optional[str]:
 
 
 def _measure(backend: Any, workload: Any, device: str, config: RunConfig, cell_dir: str, run_dir: Optional[str],
-             on_phase: PhaseCallback) -> tuple[Outcome, Optional[Outcome]]:
-    """The cell's measuring child(ren) in ``cell_dir``: one run with a cold compile cache, or
-    with ``--compile-cache warm`` a cold run and then a warm one sharing its cache. Returns the
+             on_phase: PhaseCallback, cache: str, judge: bool = True) -> tuple[Outcome, Optional[Outcome]]:
+    """The cell's measuring child(ren) in ``cell_dir`` with the compile cache ``cache``: one run,
+    or with ``--compile-cache warm`` a cold run and then a warm one sharing it. Returns the
     outcome to report and, in warm mode, the cold one (its compile times go beside it)."""
-    cache = os.path.join(cell_dir, "compile-cache")  # fresh per cell: the first compile is cold
 
     def child(name: str) -> Outcome:
-        return spawn(backend, workload, device, config, os.path.join(cell_dir, name), cache, run_dir, on_phase)
+        return spawn(backend, workload, device, config, os.path.join(cell_dir, name), cache, run_dir, on_phase,
+                     judge)
 
     if config.compile_cache != "warm":
         return child("run"), None

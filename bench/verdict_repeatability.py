@@ -1,0 +1,73 @@
+"""Does the verdict hold from one run to the next? Two default runs back to back, compared.
+
+    python bench/verdict_repeatability.py [--out reports/cpu-seed] [-- extra cnncompare args]
+
+Runs ``cnncompare --backends all --devices cpu`` (what ``make report`` runs, at the default
+config: rounds, steps, warm-up) twice in a row, writing run A to ``OUT.md/.json/.csv`` and run
+B to ``OUT-repeat.md/.json``, then prints, for every backend ``ok`` in both, its speedup over
+eager in each run and the change, the worst change, whether both runs name the same pick (or
+the same tie), and each run's wall time. The goal (issue 13): the same verdict, and every
+speedup within 3 % of the other run's. Run it alone on the machine: another job on the cores
+moves the figures by 10 % or more.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+GOAL_PCT = 3.0
+
+
+def run(out: Path, extra: list[str], csv: bool) -> tuple[dict, float]:
+    cmd = [sys.executable, "-m", "cnncompare", "--backends", "all", "--devices", "cpu",
+           "--output", str(out.with_suffix(".md")), *(["--csv", str(out.with_suffix(".csv"))] if csv else []), *extra]
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True)
+    return json.loads(out.with_suffix(".json").read_text()), time.perf_counter() - start
+
+
+def verdict_text(v: dict) -> str:
+    return f"pick {v['pick']}" if v["pick"] else f"tie: {v['best']} with {', '.join(v['tied_with'])}"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, default=Path("reports/cpu-seed"))
+    p.add_argument("extra", nargs="*", help="more cnncompare arguments, after --")
+    args = p.parse_args()
+    a, wall_a = run(args.out, args.extra, csv=True)
+    b, wall_b = run(args.out.with_name(args.out.name + "-repeat"), args.extra, csv=False)
+    rows_a = {r["backend"]: r for r in a["results"] if r["status"] == "ok"}
+    rows_b = {r["backend"]: r for r in b["results"] if r["status"] == "ok"}
+    lines = [f"config: rounds {a['config']['rounds']}, {a['config']['warmup']} warm-up + {a['config']['steps']} "
+             f"measured steps per cell and round, batch {a['config']['batch_size']}; torch {a['environment']['torch']}, "
+             f"{a['environment']['cpu']} ({a['environment']['threads']} threads)",
+             f"run A: {wall_a / 60:.1f} min, run B: {wall_b / 60:.1f} min", "",
+             f"{'backend':36s} {'A':>22s} {'B':>22s} {'change':>8s}"]
+    worst = 0.0
+    for name in rows_a:
+        if name not in rows_b:
+            continue
+        sa, sb = rows_a[name]["speedup_vs_eager"], rows_b[name]["speedup_vs_eager"]
+        change = 100.0 * (sb / sa - 1.0)
+        worst = max(worst, abs(change))
+        ci_a, ci_b = rows_a[name]["speedup_ci"], rows_b[name]["speedup_ci"]
+        lines.append(f"{name:36s} {sa:6.3f}x [{ci_a[0]:.2f}, {ci_a[1]:.2f}]  {sb:6.3f}x [{ci_b[0]:.2f}, {ci_b[1]:.2f}]"
+                     f" {change:+7.1f}%")
+    va, vb = a["verdict"]["cpu"], b["verdict"]["cpu"]
+    held = va["pick"] == vb["pick"] and (va["pick"] is not None
+                                         or {va["best"], *va["tied_with"]} == {vb["best"], *vb["tied_with"]})
+    sentinel = [[round(r["sentinel_s"] * 1000, 1) for r in run_["round_log"]["cpu"]] for run_ in (a, b)]
+    lines += ["", f"worst change in speedup: {worst:.1f}% (goal: within {GOAL_PCT:g}%)",
+              f"verdict A: {verdict_text(va)}; B: {verdict_text(vb)}; held: {'yes' if held else 'no'}",
+              f"drift sentinel (ms) per round: A {sentinel[0]}, B {sentinel[1]}"]
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
