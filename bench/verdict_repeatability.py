@@ -1,6 +1,7 @@
 """Does the verdict hold from one run to the next? Two default runs back to back, compared.
 
     python bench/verdict_repeatability.py [--out reports/cpu-seed] [-- extra cnncompare args]
+    python bench/verdict_repeatability.py --compare-only     # the two runs' JSON again, as derived now
 
 Runs ``cnncompare --backends all --devices cpu`` (what ``make report`` runs, at the default
 config: rounds, steps, warm-up) twice in a row, writing run A to ``OUT.md/.json/.csv`` and run
@@ -26,8 +27,21 @@ def run(out: Path, extra: list[str], csv: bool) -> tuple[dict, float]:
     cmd = [sys.executable, "-m", "cnncompare", "--backends", "all", "--devices", "cpu",
            "--output", str(out.with_suffix(".md")), *(["--csv", str(out.with_suffix(".csv"))] if csv else []), *extra]
     start = time.perf_counter()
-    subprocess.run(cmd, check=True)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)  # the report goes to its files; progress to stderr
     return json.loads(out.with_suffix(".json").read_text()), time.perf_counter() - start
+
+
+def rederived(path: Path) -> dict:
+    """A run's JSON with its figures derived by this cnncompare (the interval method may be newer)."""
+    from cnncompare.core.results import RunReport
+
+    return json.loads(RunReport.from_json(path.read_text()).to_json())
+
+
+def _wall(data: dict) -> float:
+    from datetime import datetime
+
+    return (datetime.fromisoformat(data["finished_at"]) - datetime.fromisoformat(data["started_at"])).total_seconds()
 
 
 def verdict_text(v: dict) -> str:
@@ -37,10 +51,17 @@ def verdict_text(v: dict) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=Path("reports/cpu-seed"))
+    p.add_argument("--compare-only", action="store_true",
+                   help="run nothing: compare the two runs' JSON as cnncompare derives them now")
     p.add_argument("extra", nargs="*", help="more cnncompare arguments, after --")
     args = p.parse_args()
-    a, wall_a = run(args.out, args.extra, csv=True)
-    b, wall_b = run(args.out.with_name(args.out.name + "-repeat"), args.extra, csv=False)
+    repeat = args.out.with_name(args.out.name + "-repeat")
+    if args.compare_only:
+        a, b = (rederived(path.with_suffix(".json")) for path in (args.out, repeat))
+        wall_a, wall_b = (_wall(run_) for run_ in (a, b))
+    else:
+        a, wall_a = run(args.out, args.extra, csv=True)
+        b, wall_b = run(repeat, args.extra, csv=False)
     rows_a = {r["backend"]: r for r in a["results"] if r["status"] == "ok"}
     rows_b = {r["backend"]: r for r in b["results"] if r["status"] == "ok"}
     lines = [f"config: rounds {a['config']['rounds']}, {a['config']['warmup']} warm-up + {a['config']['steps']} "

@@ -107,3 +107,13 @@ def test_two_backends_whose_intervals_overlap_are_a_tie():
     v = _verdict(eager, a, b)
     assert v.pick is None and v.best.backend in ("a", "b") and v.tied_with == [({"a", "b"} - {v.best.backend}).pop()]
     assert v.to_dict()["pick"] is None
+
+
+def test_from_three_rounds_the_interval_is_students_t_over_the_rounds_log_ratios():
+    import math
+
+    eager = ((1.0, 1.0), (1.0, 1.0), (1.0, 1.0))
+    other = tuple((r, r) for r in (0.5, 0.5 * math.exp(-0.1), 0.5 * math.exp(0.1)))  # ratios 2, 2e^0.1, 2e^-0.1
+    speedup, low, high = stats.speedup_interval(eager, other)
+    half = 4.303 * 0.1 / math.sqrt(3)  # t(0.975, 2 df) x sd / sqrt(n)
+    assert speedup == pytest.approx(2.0) and low == pytest.approx(2 * math.exp(-half)) and high == pytest.approx(2 * math.exp(half))

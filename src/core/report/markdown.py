@@ -83,7 +83,7 @@ def _device_table(results: list[CellResult], config: RunConfig) -> str:
             _num(r.images_per_s),
             _speedup(r),
             _num(r.compile_s) + (f" (warm {_num(r.warm_compile_s)})" if r.warm_compile_s is not None else ""),
-            _num(r.first_step_s),
+            _num(r.first_step_s) + (f" (warm {_num(r.warm_first_step_s)})" if r.warm_first_step_s is not None else ""),
             str(r.break_even_steps) if r.break_even_steps is not None else "–",
             _num(r.peak_rss_mb, 4),
         ]
@@ -141,7 +141,8 @@ def _rounds_line(device: str, log: list[RoundInfo]) -> Optional[str]:
         return None
     text = (f"Rounds ({md_cell(device)}): {len(log)}, each backend once per round in a fresh shuffled order; "
             f"speedup = median over rounds of each round's ratio to eager, with its {CONFIDENCE:.0%} interval "
-            "(bootstrap over rounds and steps); compile (warm) = later rounds', from the cell's kept cache.")
+            "(bootstrap over rounds and steps); compile and first step (warm) = the median of later rounds', "
+            "which reuse the cell's compile cache; break-even counts round 1's cold costs.")
     spread = sentinel_spread([info.sentinel_s for info in log])
     if spread:
         low, high = spread
@@ -282,10 +283,13 @@ HOW_TO_READ = """\
   over the measured steps after warm-up; IQR = third minus first quartile. CPU steps are timed with
   `perf_counter`, CUDA steps with events, so no queued GPU work escapes the timed region.
 - **speedup vs eager**: eager's median ÷ this backend's median on the same device; >1 is faster.
-  Only `ok` rows get one.
+  Only `ok` rows get one. With `--rounds`, each round's ratio of medians, then the median over
+  rounds, with its 95 % interval in brackets (a bootstrap over rounds, then steps). The summary
+  names a pick only when its interval clears every other row's (eager's is 1.0); else a tie.
 - **compile**: wall time of the backend's `compile` call. **first step**: the first training step,
   which includes lazy compilation (`torch.compile` compiles here, forward and backward). Caches are
-  cold: each cell runs in a fresh process with a fresh inductor cache directory.
+  cold: each cell runs in a fresh process with a fresh inductor cache directory; "(warm …)" is
+  the median of later rounds', which reuse the cell's cache.
 - **break-even**: training steps until the backend's extra one-off cost (compile + first step,
   beyond eager's) is repaid by its saving per step; – when it is not faster.
 - **peak RSS**: the cell's process, compile and first step included (the per-phase split is in the JSON).

@@ -73,7 +73,9 @@ def run_cells(cells: list[Cell], config: RunConfig, registry: Registry, report: 
     """
     workload = registry.workloads[config.workload.name]
     slots = list(dict.fromkeys(c.device for c in cells))
-    todo = sum(1 for c in cells for k in range(1, config.rounds + 1) if _needs_round(report, c, k))
+    # Every round of every cell still to run; a cell that ends round 1 not ok runs no more.
+    todo = sum(1 for c in cells for k in range(1, config.rounds + 1)
+               if _needs_round(report, c, k) or (k > 1 and _needs_round(report, c, 1)))
     progress.start_run(todo)
     done = 0
     try:
@@ -100,6 +102,8 @@ def run_cells(cells: list[Cell], config: RunConfig, registry: Registry, report: 
                         if k == 1:
                             result.rounds = [result.step_s.median] if result.step_s else None
                             report.add(result)
+                            if result.status != Status.OK:
+                                todo -= config.rounds - 1
                         else:
                             _add_round(report, result, k)
                         on_result(report)

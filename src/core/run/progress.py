@@ -90,6 +90,9 @@ class BarProgress(Progress):
                         bar_format="{l_bar}{bar:20}| {n_fmt}/{total_fmt} cells [{elapsed}<{remaining}] {postfix}")
 
     def start_cell(self, index: int, total: int, label: str) -> None:
+        if self.bar.total != total:  # a cell that failed or was skipped runs no later rounds
+            self.bar.total = total
+            self.bar.refresh()
         self.bar.set_description_str(label)
         self._phase = None
 
