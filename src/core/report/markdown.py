@@ -234,13 +234,17 @@ def _summary_line(v: Verdict) -> str:
     if v.eager is None:
         return (f"- **{device}**: fastest **{md_cell(best.backend)}**, {best.step_s.median:.4g} s/step "
                 "(no eager row, so no speedup and no verdict).")
-    if v.tied_with:
-        names = ", ".join(f"**{md_cell(n)}**" for n in v.tied_with)
-        what = "no backend is clearly faster than eager" if "eager" in v.tied_with or best is v.eager else "a tie"
-        return (f"- **{device}**: {what}: **{md_cell(best.backend)}** at {_speedup(best)} eager, and {names}, whose "
-                f"{CONFIDENCE:.0%} intervals reach its lower end. Rerun with more `--rounds` to separate them.")
+    names = ", ".join(f"**{md_cell(n)}**" for n in v.tied_with if n != "eager")
     if best is v.eager:
-        return f"- **{device}**: pick **eager**, {best.step_s.median:.4g} s/step: no backend beat it here."
+        return (f"- **{device}**: pick **eager**, {best.step_s.median:.4g} s/step: no backend beat it here"
+                + (f" ({names} within its noise)." if names else "."))
+    if "eager" in v.tied_with:
+        return (f"- **{device}**: no backend is clearly faster than eager: the fastest, **{md_cell(best.backend)}** "
+                f"at {_speedup(best)} eager, has a {CONFIDENCE:.0%} interval that reaches 1.0"
+                + (f" ({names} within it too)" if names else "") + ". Rerun with more `--rounds` to separate them.")
+    if v.tied_with:
+        return (f"- **{device}**: a tie: **{md_cell(best.backend)}** at {_speedup(best)} eager, and {names}, whose "
+                f"{CONFIDENCE:.0%} intervals reach its lower end. Rerun with more `--rounds` to separate them.")
     text = f"- **{device}**: pick **{md_cell(best.backend)}**, {best.step_s.median:.4g} s/step, {_speedup(best)} eager"
     if best.break_even_steps == 0:
         text += ", with no extra up-front cost"
