@@ -140,12 +140,12 @@ def test_rounds_shuffle_the_backends_reuse_the_cache_and_give_an_interval(tmp_pa
     from _tiny import TINY
     from cnncompare.core.config import RunConfig
 
-    config = RunConfig(backends=("eager", "eager-fused", "compile"), devices=("cpu",), **{**TINY, "rounds": 2})
+    config = RunConfig(backends=("eager", "eager-fused", "jit-trace"), devices=("cpu",), **{**TINY, "rounds": 2})
     report = RunReport(environment={}, config=config)
     run_cells(plan_cells(config, [DeviceSlot("cpu")]), config, load_registry(entry_points=False), report,
               on_result=lambda rep: None)
     log = report.round_log["cpu"]
-    assert len(log) == 2 and all(sorted(info.order) == ["compile", "eager", "eager-fused"] for info in log)
+    assert len(log) == 2 and all(sorted(info.order) == ["eager", "eager-fused", "jit-trace"] for info in log)
     assert all(info.sentinel_s > 0 for info in log)
     rows = {r.backend: r for r in report.results}
     for r in rows.values():
@@ -153,7 +153,8 @@ def test_rounds_shuffle_the_backends_reuse_the_cache_and_give_an_interval(tmp_pa
         assert r.step_s.n == 10 and r.parity.passed
         low, high = r.speedup_ci
         assert low <= r.speedup_vs_eager <= high
-    assert rows["compile"].warm_compile_s is not None and rows["compile"].round_compile_s[0] == rows["compile"].compile_s
+    trace = rows["jit-trace"]
+    assert trace.warm_compile_s == trace.round_compile_s[1] and trace.round_compile_s[0] == trace.compile_s
     data = json.loads(report.to_json())
     assert set(data["verdict"]["cpu"]) == {"pick", "best", "speedup", "speedup_ci", "tied_with"}
     again = RunReport.from_json(report.to_json())  # the JSON keeps what the verdict needs

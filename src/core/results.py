@@ -23,7 +23,8 @@ from .stats import StepStats
 SCHEMA_VERSION = 2
 
 #: Environment keys that must match for two runs to be comparable cell by cell.
-COMPARABLE_ENVIRONMENT = ("python", "torch", "cpu", "cpu_cores_available", "threads", "gpus", "cuda", "cnncompare",
+#: (The thread count is the config's, compared there.)
+COMPARABLE_ENVIRONMENT = ("python", "torch", "cpu", "cpu_cores_available", "gpus", "cuda", "cnncompare",
                           "platform", "nvidia_driver")
 
 

@@ -16,7 +16,16 @@ from tabulate import tabulate
 from ..config import RunConfig
 from ..records import Status
 from ..results import CellResult, RoundInfo, RunReport
-from ..stats import CONFIDENCE, KERNEL_SHARE_HINT, NOISE_THRESHOLD, Verdict, kernel_share, parity_cost, sentinel_spread
+from ..stats import (
+    CONFIDENCE,
+    KERNEL_SHARE_HINT,
+    NOISE_THRESHOLD,
+    T_INTERVAL_MIN_ROUNDS,
+    Verdict,
+    kernel_share,
+    parity_cost,
+    sentinel_spread,
+)
 from .charts import PLOT_HINT
 
 
@@ -141,7 +150,7 @@ def _rounds_line(device: str, log: list[RoundInfo]) -> Optional[str]:
         return None
     text = (f"Rounds ({md_cell(device)}): {len(log)}, each backend once per round in a fresh shuffled order; "
             f"speedup = median over rounds of each round's ratio to eager, with its {CONFIDENCE:.0%} interval "
-            "(bootstrap over rounds and steps); compile and first step (warm) = the median of later rounds', "
+            f"({_interval_method(len(log))}); compile and first step (warm) = the median of later rounds', "
             "which reuse the cell's compile cache; break-even counts round 1's cold costs.")
     spread = sentinel_spread([info.sentinel_s for info in log])
     if spread:
@@ -149,6 +158,11 @@ def _rounds_line(device: str, log: list[RoundInfo]) -> Optional[str]:
         text += (f" Drift sentinel: {low * 1000:.1f} to {high * 1000:.1f} ms "
                  f"(the machine's speed moved by {high / low - 1:.0%} over the run).")
     return text
+
+
+def _interval_method(rounds: int) -> str:
+    return ("Student's t over the rounds' log ratios" if rounds >= T_INTERVAL_MIN_ROUNDS
+            else "a bootstrap over rounds and steps, narrower than the truth with so few rounds")
 
 
 def _parity_table(results: list[CellResult]) -> Optional[str]:
@@ -288,7 +302,8 @@ HOW_TO_READ = """\
   `perf_counter`, CUDA steps with events, so no queued GPU work escapes the timed region.
 - **speedup vs eager**: eager's median ÷ this backend's median on the same device; >1 is faster.
   Only `ok` rows get one. With `--rounds`, each round's ratio of medians, then the median over
-  rounds, with its 95 % interval in brackets (a bootstrap over rounds, then steps). The summary
+  rounds, with its 95 % interval in brackets (Student's t over the rounds' log ratios from 3
+  rounds; below that a bootstrap over rounds and steps). The summary
   names a pick only when its interval clears every other row's (eager's is 1.0); else a tie.
 - **compile**: wall time of the backend's `compile` call. **first step**: the first training step,
   which includes lazy compilation (`torch.compile` compiles here, forward and backward). Caches are
