@@ -51,7 +51,7 @@ bounded() { local t; t=$(left); if [ "$t" -lt 10 ]; then echo "skipped: the budg
 
     echo "== 2. smoke: every backend on $devices, tiny config"
     bounded "$bin/cnncompare" --backends all --devices "$devices" --batch-size 4 --image-size 8 \
-        --steps 5 --warmup 1 --timeout 120 --compile-threads 8 \
+        --steps 5 --warmup 1 --rounds 1 --timeout 120 --compile-threads 8 \
         --output /tmp/cnnc-tiny/cuda-tiny.md --json "$out/cuda-tiny.json" > /dev/null
     echo "smoke exit $?"
 

@@ -220,7 +220,10 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
         record.status = Status.FAIL_ACCURACY
         record.error = f"non-finite loss at step {bad[0] + 1} of {len(losses)}"
         return record
-    del model, forward, step, x, y, losses  # free the measured model before building the references
+    # Free the measured model before building the references; under DDP also before the process
+    # group goes (``ddp.finish``): a DDP module freed after it hangs in gloo's destructor. The
+    # warm-up hook holds the model too.
+    del model, forward, step, x, y, losses, after_warmup_step
     if rank:
         per_rank = ddp.gather(record)
         ddp.finish()  # no collective after this: other ranks may leave
