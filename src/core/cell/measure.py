@@ -1,11 +1,12 @@
 """One cell: a backend on a device, measured inside its own child process.
 
 Order matters. Timing and memory are read first, from a cold start (fresh
-process, fresh compile cache). The state after the last warm-up step (the
-parity step: every loss so far, gradients, weights, buffers) is written to the
-cell's directory before the measured steps, so the parity check judges the
-steady-state step the backend really runs, and its reference models, built
-after every figure is taken, can't inflate the memory figures.
+process, fresh compile cache). The state after the first step (gradients,
+buffers) and after the parity step (a warm-up step after the backend's own
+warm-up: every loss so far, gradients, weights, buffers) is written to the
+cell's directory, untimed and before the measured steps, so the parity check
+judges the steady-state step the backend really runs, and its reference
+models, built after every figure is taken, can't inflate the memory figures.
 
 Phases and what a failure in each means:
   compile     backend.compile (+ compile_step)         -> fail_compile
