@@ -36,7 +36,7 @@ class Status(str, Enum):
 class Parity:
     """The backend's training trajectory against float64 eager after the same steps (``cell/parity.py``).
 
-    ``step`` is the parity step N (the last warm-up step); ``tensors`` how many
+    ``step`` is the parity step N (the first after the backend's warm-up); ``tensors`` how many
     tensors were judged: the loss of every step 1..N, then every gradient,
     weight and buffer after step N, less ``not_judged``: those fp32 eager
     itself can't reproduce (rounding noise, ``cell/parity.py``'s ``NOISE_REL``). ``*_rel_error`` are norm-relative errors
