@@ -37,8 +37,8 @@ class Parity:
     """The backend's training trajectory against float64 eager after the same steps (``cell/parity.py``).
 
     ``step`` is the parity step N (the first after the backend's warm-up); ``tensors`` how many
-    tensors were judged: the loss of every step 1..N, then every gradient,
-    weight and buffer after step N, less ``not_judged``: those fp32 eager
+    tensors were judged: every gradient and buffer after step 1, the loss of
+    every step 1..N, every gradient, weight and buffer after step N, less ``not_judged``: those fp32 eager
     itself can't reproduce (rounding noise, ``cell/parity.py``'s ``NOISE_REL``). ``*_rel_error`` are norm-relative errors
     ``||x - ref|| / ||ref||`` over each group's elements together, for the
     backend and, for scale, for fp32 eager. The verdict is per tensor:
