@@ -42,8 +42,15 @@ class DynamoWatch:
         logging.getLogger("torch._dynamo").addHandler(self._handler)
         return self
 
-    def _on_start(self, args: Any) -> None:
-        self.compile_ids.append(str(getattr(args, "compile_id", args)))
+    def _on_start(self, *args: Any) -> None:
+        # torch >= 2.8 passes the compile's arguments (with its compile id); before that, nothing,
+        # and the compile context already names the compile in progress.
+        if args:
+            self.compile_ids.append(str(getattr(args[0], "compile_id", args[0])))
+            return
+        from torch._guards import CompileContext
+
+        self.compile_ids.append(str(CompileContext.current_compile_id()))
 
     def report(self, cuda_index: Optional[int] = None) -> Optional[DynamoStats]:
         """None when dynamo never ran in this cell (eager, TorchScript, …). ``cuda_index``:
