@@ -5,7 +5,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 # A CPU build of torch lies on this project's machines' disk; an unpinned `torch`
 # would pull a multi-GB CUDA build. Where the system Python already has torch
-# (GPU machines carry 2.11), the venv sees it and nothing is downloaded.
+# (GPU machines carry 2.11), the venv sees it and nothing is downloaded. That Python may itself be
+# a venv (the GPU image's is), whose packages --system-site-packages would not show: the .pth
+# file names its site-packages.
 TORCH  ?= torch==2.13.0
 ARGS   ?= --backends all
 
@@ -16,7 +18,9 @@ BIN := $(VENV)/bin
 $(BIN)/.installed: pyproject.toml plugins/cnncompare-amp/pyproject.toml Makefile
 	@if $(PYTHON) -c "import torch" 2>/dev/null; then \
 		echo "using the system's torch: $$($(PYTHON) -c 'import torch; print(torch.__version__)')"; \
-		$(PYTHON) -m venv --system-site-packages $(VENV); \
+		$(PYTHON) -m venv --system-site-packages $(VENV) && \
+		$(PYTHON) -c 'import site, sys; print(*site.getsitepackages(), sep="\n")' \
+			> "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/_outer_python.pth"; \
 	else \
 		$(PYTHON) -m venv $(VENV) && $(BIN)/python -m pip install -q "$(TORCH)"; \
 	fi

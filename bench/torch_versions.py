@@ -107,9 +107,7 @@ def test_release(minor: str, workdir: Path, keep: bool) -> dict:
         code, row["backends_s"] = sh([py, "-m", "cnncompare", *TINY, "--json", str(report),
                                      "--output", str(workdir / f"torch-{minor}.md")], log, env, 3600, tree)
         row["backends_exit"] = code
-        if report.exists():
-            data = json.loads(report.read_text())
-            row["backends"] = {r["backend"]: _row_status(r) for r in data["results"]}
+        read_report(row, report)
         code, row["tests_s"] = sh([py, "-m", "pytest", "-q", "-p", "no:cacheprovider"], log, env, 3600, tree)
         row["tests_exit"] = code
         summary = [line for line in log.read_text(errors="replace").splitlines()
@@ -120,6 +118,16 @@ def test_release(minor: str, workdir: Path, keep: bool) -> dict:
     finally:
         if not keep:
             shutil.rmtree(venv, ignore_errors=True)
+
+
+def read_report(row: dict, report: Path) -> None:
+    """Each backend's status from the tiny run's JSON, built-ins apart from the plugins' rows."""
+    if not report.exists():
+        return
+    results = json.loads(report.read_text())["results"]
+    builtin = [r for r in results if (r.get("plugin") or "").startswith("cnncompare.")]
+    row["backends"] = {r["backend"]: _row_status(r) for r in builtin}
+    row["plugin_backends"] = {r["backend"]: _row_status(r) for r in results if r not in builtin}
 
 
 def _row_status(r: dict) -> str:
@@ -140,28 +148,33 @@ def table(rows: dict[str, dict]) -> str:
         "each from the registry; Linux builds with CUDA libraries, run on the CPU of a 2-core x86-64 machine).",
         "**Backends**: `cnncompare --backends all --devices cpu` at a tiny config (batch 4, 8x8 images,",
         "3 steps, 1 warm-up, 1 round), the amp plugin installed; `ok` counts rows that ran with parity",
-        "passed. **Tests**: the suite CI runs (`pytest -q`), with that torch. CUDA-only rows are skipped",
-        "on a CPU and are not counted.",
+        "passed, built-ins apart from the amp plugin's rows. **Tests**: the suite CI runs (`pytest -q`),",
+        "with that torch. CUDA-only rows are skipped on a CPU and are not counted.",
         "",
-        "| torch | python | commit | date | backends ok | not ok | tests | install / backends / tests (s) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| torch | python | commit | date | built-ins ok | built-ins not ok | amp plugin ok | tests | "
+        "install / backends / tests (s) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for minor in sorted(rows, key=lambda m: tuple(int(x) for x in m.split("."))):
         row = rows[minor]
         if "error" in row:
-            lines.append(f"| {minor} | {row['python']} | {row.get('commit', '')} | {row['date']} | – | {row['error']} | – | – |")
+            lines.append(f"| {minor} | {row['python']} | {row.get('commit', '')} | {row['date']} | – | {row['error']} "
+                         "| – | – | – |")
             continue
         statuses = row.get("backends", {})
         ran = {b: s for b, s in statuses.items() if not s.startswith("skipped")}
         bad = [f"`{b}` {s}" for b, s in ran.items() if s != "ok"]
         if not statuses:
             bad = [f"no report (exit {row.get('backends_exit')})"]
+        plugin = {b: s for b, s in row.get("plugin_backends", {}).items() if not s.startswith("skipped")}
+        plugin_text = f"{sum(s == 'ok' for s in plugin.values())}/{len(plugin)}" + "".join(
+            f"; `{b}` {s}" for b, s in plugin.items() if s != "ok")
         tests = row.get("tests", "")
         if row.get("failed_tests"):
             tests += ": " + ", ".join(f"`{t}`" for t in row["failed_tests"][:6])
         lines.append(f"| {row.get('torch', minor)} | {row['python']} | {row.get('commit', '')} | {row['date']} | "
                      f"{sum(s == 'ok' for s in ran.values())}/{len(ran)} | {'; '.join(bad) or '–'} | "
-                     f"{tests} | {row.get('install_s', 0):.0f} / {row.get('backends_s', 0):.0f} / "
+                     f"{plugin_text} | {tests} | {row.get('install_s', 0):.0f} / {row.get('backends_s', 0):.0f} / "
                      f"{row.get('tests_s', 0):.0f} |")
     return "\n".join(lines) + "\n"
 
@@ -174,7 +187,11 @@ def main() -> int:
     p.add_argument("--table-only", action="store_true", help="run nothing; rewrite the table from the results")
     args = p.parse_args()
     rows: dict[str, dict] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    if not args.table_only:
+    if args.table_only:  # each release's tiny report read again where it is still there
+        for minor, row in rows.items():
+            read_report(row, args.workdir / f"torch-{minor}.json")
+        RESULTS.write_text(json.dumps(rows, indent=1, sort_keys=True) + "\n")
+    else:
         args.workdir.mkdir(parents=True, exist_ok=True)
         for minor in args.versions:
             print(f"torch {minor} …", file=sys.stderr, flush=True)

@@ -23,3 +23,74 @@ def test_absent_known_kind_becomes_a_slot_with_a_reason():
     assert [s.name for s in slots] == ["cpu", "cuda", "cuda:3"]
     assert slots[1].unavailable == "no CUDA device on this machine"
     assert "not present" in slots[2].unavailable
+
+
+def test_a_cuda_cell_forked_after_cuda_was_initialised_says_so_in_one_line(monkeypatch):
+    from cnncompare.core.cell.main import cuda_unusable_after_fork
+
+    assert cuda_unusable_after_fork("cuda:0") is None  # this process never initialised CUDA
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: True)
+    reason = cuda_unusable_after_fork("cuda:0")
+    assert "forked from a process that had initialised CUDA" in reason and "\n" not in reason
+    assert cuda_unusable_after_fork("cpu") is None
+
+
+def test_the_fork_server_preloads_nothing_that_initialises_cuda():
+    import subprocess
+    import sys
+
+    from cnncompare.core.run.forkserver import PRELOAD
+
+    code = ("import importlib, torch\n"
+            f"for name in {PRELOAD!r}: importlib.import_module(name)\n"
+            "print(torch.cuda.is_initialized())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_each_precision_has_its_own_peak_and_fp32_on_cuda_is_held_against_tf32_where_allowed():
+    from cnncompare.core.cell.roofline import peak_precision
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda:0")
+    assert peak_precision("fp32", cpu) == "fp32" and peak_precision("bf16", cpu) == "bf16"
+    # torch's switches are module properties (monkeypatch can't put them back): set and restore.
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = True  # torch's default for convolutions
+        assert peak_precision("fp32", cuda) == "tf32" and peak_precision("fp16", cuda) == "fp16"
+        torch.backends.cudnn.allow_tf32 = False
+        assert peak_precision("fp32", cuda) == "fp32"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def test_the_bf16_peak_is_probed_in_bf16_and_cached_beside_fp32s(tmp_path):
+    from _tiny import TINY
+    from cnncompare.core.cell.roofline import roofline
+    from cnncompare.core.cell.training import Job
+    from cnncompare.core.config import RunConfig
+    from cnncompare.workloads.seed_cnn import SeedCNNWorkload
+
+    job = Job(SeedCNNWorkload(), RunConfig(**TINY))
+    cache = str(tmp_path / "roofline.json")
+    gflop, fp32, label = roofline(job, torch.device("cpu"), cache)
+    assert label == "fp32" and fp32 > 0 and gflop > 0
+    _, bf16, label = roofline(job, torch.device("cpu"), cache, "bf16")
+    assert label == "bf16" and bf16 > 0
+    import json
+
+    assert json.loads((tmp_path / "roofline.json").read_text())["peaks"] == {"fp32": fp32, "bf16": bf16}
+
+
+def test_compile_workers_memory_is_sampled_from_the_process_tree():
+    import subprocess
+    import sys
+
+    from cnncompare.core.cell.memory import DescendantsPeak
+
+    watch = DescendantsPeak(interval_s=0.02).start()
+    child = subprocess.Popen([sys.executable, "-c", "x = bytearray(60 * 2**20); import time; time.sleep(1)"])
+    child.wait()
+    assert watch.stop() > 60
+    assert DescendantsPeak().start().stop() is None  # no descendant: unknown, not zero

@@ -19,7 +19,9 @@ def builtin_report():
     from _tiny import TINY
     from cnncompare.core.config import RunConfig
 
-    config = RunConfig(backends=("compile", "jit-script", "jit-trace", "eager"), devices=("cpu",), **TINY)
+    # compile_threads unset: torch's own count of compile workers, as a user gets.
+    config = RunConfig(backends=("compile", "jit-script", "jit-trace", "eager"), devices=("cpu",),
+                       **{**TINY, "compile_threads": None})
     registry = load_registry(entry_points=False)
     report = RunReport(environment={}, config=config)
     snapshots = []
@@ -41,16 +43,27 @@ def test_every_builtin_is_ok_with_parity_passed(builtin_report):
         assert r.compile_s is not None and r.first_step_s > 0
         assert r.threads == 1
         assert r.peak_rss_mb >= r.peak_rss_first_step_mb > r.rss_baseline_mb > 50
-        assert r.peak_rss_steady_mb is not None
-        assert r.cuda_peak_allocated_mb is None
+        assert r.peak_rss_mb == max(r.peak_rss_first_step_mb, r.peak_rss_warmup_mb, r.peak_rss_steady_mb)
+        assert r.peak_rss_steady_mb > r.rss_baseline_mb
+        assert r.cuda_peak_allocated_mb is None and r.cuda_peak_allocated_steady_mb is None
         assert r.speedup_vs_eager > 0
     assert by_name["eager"].speedup_vs_eager == 1.0
     for r in report.results:  # distance to the hardware, same step and probe for every row
         assert r.gflop_per_step == by_name["eager"].gflop_per_step > 0
-        assert r.peak_gflops > 0 and 0 < r.pct_of_peak < 100
-        assert r.memory_ratio_vs_eager > 0 and r.compile_cache == "cold" and r.compile_threads == 1
+        assert r.peak_gflops > 0 and 0 < r.pct_of_peak < 100 and r.peak_precision == "fp32"
+        assert r.memory_ratio_vs_eager == by_name["eager"].peak_rss_steady_mb / r.peak_rss_steady_mb
+        assert r.compile_cache == "cold"
         assert r.cpu_user_s_per_step > 0 and r.cpu_sys_s_per_step >= 0 and r.page_faults_per_step >= 0
     assert by_name["eager"].dynamo is None and by_name["jit-script"].dynamo is None
+    import torch._inductor.config
+
+    # Inductor's compile workers: torch's own count here, recorded on the row that compiled; the
+    # workers (processes of their own) sampled apart when there are any.
+    assert by_name["compile"].compile_threads == torch._inductor.config.decide_compile_threads()
+    assert by_name["eager"].compile_threads is None and by_name["jit-trace"].compile_threads is None
+    if by_name["compile"].compile_threads > 1:
+        assert by_name["compile"].workers_peak_rss_mb > 10
+    assert by_name["eager"].workers_peak_rss_mb is None
     dynamo = by_name["compile"].dynamo
     assert dynamo.graphs >= 1 and dynamo.graph_breaks == 0 and dynamo.recompiles == 0
     assert dynamo.fell_back_to_eager is False

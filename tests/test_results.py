@@ -54,6 +54,38 @@ def test_cheaper_and_faster_breaks_even_at_once():
     assert fast.break_even_steps == 0
 
 
+def test_break_even_counts_the_warm_up_steps_beyond_steady_ones():
+    eager = _cell("eager", 1.0)
+    eager.warmup_s = [1.0, 1.0]
+    graphs = _cell("graphs", 0.5, compile_s=2.0)  # records CUDA graphs in its warm-up: 3 s beyond 2 steady steps
+    graphs.warmup_s = [3.0, 1.0]
+    derive([eager, graphs], batch_size=1)
+    assert graphs.break_even_steps == math.ceil((2.0 + (4.0 - 2 * 0.5)) / 0.5)
+
+
+def test_memory_vs_eager_compares_steady_peaks_not_one_off_ones():
+    eager, tuned = _cell("eager", 1.0), _cell("tuned", 0.5)
+    eager.cuda_peak_allocated_steady_mb, eager.cuda_peak_allocated_mb = 100.0, 120.0
+    tuned.cuda_peak_allocated_steady_mb, tuned.cuda_peak_allocated_mb = 50.0, 900.0  # autotuning's one-off peak
+    derive([eager, tuned], batch_size=1)
+    assert tuned.memory_ratio_vs_eager == 2.0
+    old_eager, old = _cell("eager", 1.0), _cell("old", 1.0)  # a report from before the phases: lifetime peaks
+    old_eager.peak_rss_mb, old.peak_rss_mb = 300.0, 200.0
+    derive([old_eager, old], batch_size=1)
+    assert old.memory_ratio_vs_eager == 1.5
+
+
+def test_a_version_2_report_loses_compile_threads_on_rows_that_never_compiled():
+    data = RunReport(environment={}, config=RunConfig(batch_size=2),
+                     results=[_cell("eager", 1.0), _cell("compile", 0.5)]).to_dict()
+    data["schema_version"] = 2
+    data["results"][0]["compile_threads"] = data["results"][1]["compile_threads"] = 1  # the run's setting then
+    data["results"][1]["dynamo"] = {"graphs": 1, "graph_breaks": 0, "recompiles": 0, "frames_compiled": 1,
+                                    "frames_seen": 1, "fell_back_to_eager": False}
+    eager, compiled = RunReport.from_dict(data).results
+    assert eager.compile_threads is None and compiled.compile_threads == 1
+
+
 def test_no_speedup_without_ok_eager_on_the_same_device_or_for_failed_rows():
     eager_gpu = _cell("eager", 1.0, device="cuda:0")
     other = _cell("fast", 0.5, device="cpu")

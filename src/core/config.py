@@ -110,9 +110,10 @@ class RunConfig:
     compile_cache: str = option(
         "cold", "--compile-cache", "cold: every cell compiles from an empty cache; warm: each cell runs twice "
         "sharing its cache, reporting the warm run with the cold compile times beside it", choices=COMPILE_CACHE_MODES)
-    compile_threads: int = option(
-        1, "--compile-threads", "inductor compile workers (TORCHINDUCTOR_COMPILE_THREADS); 1 compiles in-process "
-        "so its memory counts in the cell", minimum=1)
+    compile_threads: Optional[int] = option(
+        None, "--compile-threads", "inductor compile workers (TORCHINDUCTOR_COMPILE_THREADS); 1 compiles "
+        "in-process. Workers are processes of their own: their peak RSS is reported beside the cell's", minimum=1,
+        shown_default="torch's own (from this machine's cores), recorded per row")
     malloc: str = option(
         "system", "--malloc", "system: the C library's allocator as your own script gets it; reuse (glibc): freed "
         "CPU memory is kept for the next step instead of returned to the kernel, so large tensors stop paying "

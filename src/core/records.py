@@ -150,12 +150,24 @@ class Measured:
     warmup_s: list[float] = field(default_factory=list)
     rss_baseline_mb: Optional[float] = None
     peak_rss_mb: Optional[float] = None
+    # Peaks by phase: compile + first step, the warm-up steps (one-off: CUDA-graph recording,
+    # recompiles, the parity snapshot), the measured steps (steady; what memory_ratio compares);
+    # the unsuffixed ones are the cell's lifetime peaks. RSS is the cell process's own: compile
+    # workers are processes of their own, their summed peak is workers_peak_rss_mb.
     peak_rss_first_step_mb: Optional[float] = None
+    peak_rss_warmup_mb: Optional[float] = None
     peak_rss_steady_mb: Optional[float] = None
+    workers_peak_rss_mb: Optional[float] = None
     cuda_peak_allocated_mb: Optional[float] = None
     cuda_peak_reserved_mb: Optional[float] = None
     cuda_peak_allocated_first_step_mb: Optional[float] = None
     cuda_peak_reserved_first_step_mb: Optional[float] = None
+    cuda_peak_allocated_warmup_mb: Optional[float] = None
+    cuda_peak_reserved_warmup_mb: Optional[float] = None
+    cuda_peak_allocated_steady_mb: Optional[float] = None
+    cuda_peak_reserved_steady_mb: Optional[float] = None
+    #: Inductor's compile workers in the cell (1: in-process); None where dynamo never ran.
+    compile_threads: Optional[int] = None
     #: What the measured steps cost the OS, per step (process-wide: all threads).
     cpu_user_s_per_step: Optional[float] = None
     cpu_sys_s_per_step: Optional[float] = None
@@ -164,6 +176,9 @@ class Measured:
     parity: Optional[Parity] = None
     gflop_per_step: Optional[float] = None
     peak_gflops: Optional[float] = None
+    #: The precision peak_gflops was probed in: the backend's (fp32, bf16, fp16), tf32 for fp32 on CUDA
+    #: where torch allows TF32 (roofline.peak_precision).
+    peak_precision: Optional[str] = None
     distributed: Optional[DistributedFigures] = None
     error: Optional[str] = None
     error_tail: Optional[str] = None

@@ -20,7 +20,10 @@ from .stats import StepStats
 
 #: 2: parity judges steps 1 and N with a relative rule (``margin``, ``worst_error``, buffers);
 #: version 1's ``worst_rmse`` (an absolute RMSE, first step only) is read and dropped.
-SCHEMA_VERSION = 2
+#: 3: per-phase memory peaks (``*_warmup_mb``, ``cuda_peak_*_steady_mb``; ``peak_rss_steady_mb``
+#: is the measured steps' alone), ``workers_peak_rss_mb``, ``peak_precision``, ``compile_threads``
+#: as the cell found it (null where dynamo never ran). 2: the relative parity rule and rounds.
+SCHEMA_VERSION = 3
 
 #: Environment keys that must match for two runs to be comparable cell by cell.
 #: (The thread count is the config's, compared there.)
@@ -38,7 +41,6 @@ class CellResult(Measured):
     description: str = ""
     step_s: Optional[StepStats] = None
     compile_cache: Optional[str] = None
-    compile_threads: Optional[int] = None
     cold_compile_s: Optional[float] = None
     cold_first_step_s: Optional[float] = None
     wall_s: Optional[float] = None
@@ -134,7 +136,7 @@ class RunReport:
 
     @classmethod
     def from_dict(cls, data: dict) -> "RunReport":
-        if data.get("schema_version") not in (1, SCHEMA_VERSION):
+        if data.get("schema_version") not in (1, 2, SCHEMA_VERSION):
             raise ValueError(f"unsupported schema_version {data.get('schema_version')!r} (expected {SCHEMA_VERSION})")
         data = _upgrade(dict(data))
         config = RunConfig.from_dict(data.pop("config"))
@@ -150,14 +152,20 @@ class RunReport:
 
 
 def _upgrade(data: dict) -> dict:
-    """A version-1 report as version 2: its parity (first step, absolute RMSE) keeps its verdict
-    and group errors, with no margin (the renderers then show the largest relative error)."""
+    """An older report as the current version. Version 1: its parity (first step, absolute RMSE)
+    keeps its verdict and group errors, with no margin (the renderers then show the largest
+    relative error). Version 2 adds only keys, which load as null, but for ``compile_threads``,
+    which was the run's setting and is now what each cell found: eager and TorchScript rows lose it."""
     if data.get("schema_version") == 1:
         for row in data.get("results", []):
             if row.get("parity"):
                 row["parity"] = {k: v for k, v in row["parity"].items() if k != "worst_rmse"}
                 row["parity"]["worst_limit"] = None  # an RMSE limit, not comparable with a relative error
-        data["schema_version"] = SCHEMA_VERSION
+    if data.get("schema_version") in (1, 2):
+        for row in data.get("results", []):
+            if not row.get("dynamo"):
+                row["compile_threads"] = None
+    data["schema_version"] = SCHEMA_VERSION
     return data
 
 

@@ -258,8 +258,8 @@ def derive(results: Sequence["CellResult"], batch_size: int) -> None:
     then the median over rounds (``speedup_interval``, with ``speedup_ci``), for
     ``ok`` cells only: a wrong or failed backend has no speedup worth quoting.
     break_even_steps = training steps until the backend's extra one-off cost
-    (compile + first step beyond one steady step, minus eager's) is repaid by
-    its per-step saving; None when it is not faster.
+    (``one_off_cost``: compile, first step and warm-up beyond steady steps, minus
+    eager's) is repaid by its per-step saving; None when it is not faster.
     """
     eager = {r.device: r for r in results if r.backend == "eager" and r.status == Status.OK and r.step_s}
     for r in results:
@@ -312,15 +312,28 @@ def _derive_scaling(r: "CellResult", batch_size: int, slowest_median: float) -> 
 
 
 def memory_ratio(eager: "CellResult", r: "CellResult") -> Optional[float]:
-    """Eager's peak / this backend's peak (>1: uses less), as PyTorch's own harness reports it.
-    CUDA allocations where both have them, else process RSS."""
-    for a, b in ((eager.cuda_peak_allocated_mb, r.cuda_peak_allocated_mb), (eager.peak_rss_mb, r.peak_rss_mb)):
+    """Eager's steady-state peak / this backend's (>1: uses less), as PyTorch's own harness reports
+    it: the measured steps' peak of CUDA allocations where both have them, else of process RSS
+    (reports older than the per-phase peaks: the lifetime peaks). One-off peaks (compile,
+    autotuning, CUDA-graph recording in the warm-up) are reported apart, not compared here."""
+    for a, b in ((eager.cuda_peak_allocated_steady_mb, r.cuda_peak_allocated_steady_mb),
+                 (eager.cuda_peak_allocated_mb, r.cuda_peak_allocated_mb),
+                 (eager.peak_rss_steady_mb, r.peak_rss_steady_mb), (eager.peak_rss_mb, r.peak_rss_mb)):
         if a and b:
             return a / b
     return None
 
 
+def one_off_peak(first_step: Optional[float], warmup: Optional[float]) -> Optional[float]:
+    """The one-off peak (compile + first step, and the warm-up steps), None where unknown."""
+    known = [v for v in (first_step, warmup) if v is not None]
+    return max(known) if known else None
+
+
 def one_off_cost(r: "CellResult") -> float:
-    """Compile plus the first step's time beyond a steady step."""
+    """What the backend costs once, beyond steady steps: compile, plus what the first step and the
+    warm-up steps took beyond as many steady steps (lazy compiles, recompiles, CUDA-graph
+    recording, TorchScript's profiling runs)."""
     steady = r.step_s.median if r.step_s else 0.0
-    return (r.compile_s or 0.0) + max(0.0, (r.first_step_s or 0.0) - steady)
+    beyond = max(0.0, (r.first_step_s or 0.0) - steady) + max(0.0, sum(r.warmup_s) - len(r.warmup_s) * steady)
+    return (r.compile_s or 0.0) + beyond

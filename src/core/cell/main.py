@@ -27,6 +27,25 @@ from ..fileio import write_atomic
 from ..processes import die_with_parent
 from ..records import CellOrder, CellRecord, Status
 
+#: Imported before any cell's clock starts (by the fork server, else by ``main``), so that no
+#: row's compile_s holds an import: inductor's alone is about 1.2 s, which a torch.compile row
+#: would otherwise pay and eager's wouldn't. A user's script pays it once, not per model.
+IMPORTED_BEFORE_TIMING = ("torch", "torch._dynamo", "torch._inductor.compile_fx")
+
+
+def cuda_unusable_after_fork(device: str) -> Optional[str]:
+    """Why a CUDA cell can't run in this process, or None: it was forked from a process that had
+    initialised CUDA (the fork server must never touch CUDA; torch refuses CUDA in such a child
+    with an error that names neither)."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    if torch.cuda._is_in_bad_fork():
+        return ("this cell was forked from a process that had initialised CUDA, where CUDA can't be used: "
+                "cnncompare's fork server must not touch CUDA before it forks (a bug; please report it)")
+    return None
+
 
 def _capture_notes(caught: list) -> list[str]:
     counts = Counter(f"{w.category.__name__}: {str(w.message).strip()}" for w in caught)
@@ -67,6 +86,10 @@ def main(argv: list[str]) -> int:
         write_atomic(os.path.join(os.path.dirname(order.result_path), f"rank{rank.rank}.json"), record.to_json())
         return 1
 
+    import importlib
+
+    for name in IMPORTED_BEFORE_TIMING:  # already there in a cell forked from the server
+        importlib.import_module(name)
     from .measure import fail, measure
 
     try:
@@ -74,6 +97,10 @@ def main(argv: list[str]) -> int:
         workload = order.workload.unpack(_lookup)
     except Exception as exc:
         return write(fail(CellRecord(), exc, "loading the backend in the child", Status.FAIL_COMPILE), final=True)
+    refused = cuda_unusable_after_fork(order.device)
+    if refused:
+        record = CellRecord(status=Status.CRASHED, error=refused)
+        return write(record, final=True)
 
     with warnings.catch_warnings(record=True) as caught:
         # Every warning (TorchScript deprecations, TracerWarnings, recompiles) goes
@@ -111,10 +138,11 @@ def forked_main(order_path: str, env: dict, workdir: str, log_path: str, server:
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the server ignores it
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    # Read from the environment when inductor's config was imported, i.e. in the server.
-    import torch._inductor.config
+    # Inductor's config read the environment when the server imported it: decide again with the
+    # cell's (TORCHINDUCTOR_COMPILE_THREADS, or torch's own count for the cores).
+    import torch._inductor.config as inductor_config
 
-    torch._inductor.config.compile_threads = int(env.get("TORCHINDUCTOR_COMPILE_THREADS", "1"))
+    inductor_config.compile_threads = inductor_config.decide_compile_threads()
     return main([order_path])
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import sys
 import time
 import traceback
 from typing import Any, Callable, Optional
@@ -34,7 +35,7 @@ from ..config import RunConfig
 from ..records import CellRecord, Status
 from . import rank as ddp
 from .diagnostics import DynamoWatch
-from .memory import current_rss_mb, peak_rss_mb, per_step_usage, process_usage, reset_peak_rss, use_malloc
+from .memory import DescendantsPeak, current_rss_mb, peak_rss_mb, per_step_usage, process_usage, reset_peak_rss, use_malloc
 from .parity import compare_with_reference, parity_step, reference_state, snapshot
 from .rank import Rank
 from .roofline import roofline
@@ -158,6 +159,7 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
     snapshot_paths = [os.path.join(cell_dir, f"parity-step{k}.pt") for k in (1, judged)]
     losses: list[torch.Tensor] = []
     watch = DynamoWatch().start()
+    workers = DescendantsPeak().start()  # compile workers are processes of their own
     phase = "compile"
     on_phase(phase, 0, 1)
     try:
@@ -171,21 +173,16 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
         on_phase(phase, 0, 1)
         loss, record.first_step_s = timed(functools.partial(step, x, y), device)
         losses.append(loss)
-        record.peak_rss_first_step_mb = first_peak = peak_rss_mb()
-        if cuda:
-            first_allocated = torch.cuda.max_memory_allocated(device) / _MB
-            first_reserved = torch.cuda.max_memory_reserved(device) / _MB
-            record.cuda_peak_allocated_first_step_mb = first_allocated
-            record.cuda_peak_reserved_first_step_mb = first_reserved
-        # Between the two memory phases: torch.save streams the tensors without copies on the
-        # CPU, and both peaks are reset after it (so are the collectives that check DDP's ranks).
+        peaks = _Peaks(device if cuda else None)
+        record.peak_rss_first_step_mb, record.cuda_peak_allocated_first_step_mb, \
+            record.cuda_peak_reserved_first_step_mb = peaks.take()
+        # Between the memory phases: torch.save streams the tensors without copies on the
+        # CPU, and the peaks are reset after it (so are the collectives that check DDP's ranks).
         if rank:
             spread = ddp.weight_spread(trained_parameters(forward, model))
         if judge and (rank is None or rank.rank == 0):
             torch.save(snapshot(model, forward, losses), snapshot_paths[0])
-        if cuda:
-            torch.cuda.reset_peak_memory_stats(device)
-        steady_peak_known = reset_peak_rss()
+        peaks.reset()
         phase = "warmup"
         on_phase(phase, 0, warmup)
 
@@ -197,6 +194,12 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
                     torch.save(snapshot(model, forward, judged_losses), snapshot_paths[1])
 
         record.warmup_s = timed_steps(step, x, y, warmup, device, losses, after_warmup_step)
+        # Warm-up's peaks are one-off (CUDA-graph recording, recompiles, the parity snapshot):
+        # the steady state is the measured steps alone.
+        record.peak_rss_warmup_mb, record.cuda_peak_allocated_warmup_mb, \
+            record.cuda_peak_reserved_warmup_mb = peaks.take()
+        record.workers_peak_rss_mb = workers.stop()  # sampled until here; idle from here on
+        steady_peak_known = peaks.reset()
         phase = "steps"
         on_phase(phase, 0, config.steps)
         usage = process_usage()
@@ -204,16 +207,23 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
                                           lambda i: on_phase("steps", i, config.steps))
         record.cpu_user_s_per_step, record.cpu_sys_s_per_step, record.page_faults_per_step = \
             per_step_usage(usage, process_usage(), config.steps)
-        steady = peak_rss_mb()
+        steady, record.cuda_peak_allocated_steady_mb, record.cuda_peak_reserved_steady_mb = peaks.take()
         record.peak_rss_steady_mb = steady if steady_peak_known else None
-        record.peak_rss_mb = max(first_peak, steady)
+        record.peak_rss_mb = max(v for v in (record.peak_rss_first_step_mb, record.peak_rss_warmup_mb, steady)
+                                 if v is not None)
         if cuda:
-            record.cuda_peak_allocated_mb = max(first_allocated, torch.cuda.max_memory_allocated(device) / _MB)
-            record.cuda_peak_reserved_mb = max(first_reserved, torch.cuda.max_memory_reserved(device) / _MB)
+            record.cuda_peak_allocated_mb = max(record.cuda_peak_allocated_first_step_mb or 0,
+                                                record.cuda_peak_allocated_warmup_mb or 0,
+                                                record.cuda_peak_allocated_steady_mb or 0)
+            record.cuda_peak_reserved_mb = max(record.cuda_peak_reserved_first_step_mb or 0,
+                                               record.cuda_peak_reserved_warmup_mb or 0,
+                                               record.cuda_peak_reserved_steady_mb or 0)
     except Exception as exc:
+        workers.stop()
         record.dynamo = watch.report(cuda_index)
         return fail(record, exc, phase)
     record.dynamo = watch.report(cuda_index)
+    record.compile_threads = compile_threads() if record.dynamo is not None else None
 
     values = torch.stack([loss.float() for loss in losses]).tolist()
     bad = [i for i, value in enumerate(values) if not math.isfinite(value)]
@@ -258,8 +268,8 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
             parity.detail = (f"ranks hold different weights after the first step (max |difference| "
                              f"{record.distributed.max_rank_weight_diff:.3g}); " + (parity.detail or ""))
         del got, reference
-        record.gflop_per_step, record.peak_gflops = roofline(
-            job, device, _shared(run_dir, "roofline", device, ".json"))
+        record.gflop_per_step, record.peak_gflops, record.peak_precision = roofline(
+            job, device, _shared(run_dir, "roofline", device, ".json"), base.precision(backend))
     except Exception as exc:
         return fail(record, exc, phase)
     record.parity = parity
@@ -267,6 +277,33 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
         record.status = Status.FAIL_ACCURACY
         record.error = f"parity: {parity.detail}"
     return record
+
+
+class _Peaks:
+    """The process's peak RSS and (on CUDA) the caching allocator's peaks, phase by phase."""
+
+    def __init__(self, cuda_device: Optional[torch.device]):
+        self.device = cuda_device
+
+    def take(self) -> tuple[float, Optional[float], Optional[float]]:
+        """(peak RSS, CUDA peak allocated, CUDA peak reserved) in MB since the last reset."""
+        if self.device is None:
+            return peak_rss_mb(), None, None
+        return (peak_rss_mb(), torch.cuda.max_memory_allocated(self.device) / _MB,
+                torch.cuda.max_memory_reserved(self.device) / _MB)
+
+    def reset(self) -> bool:
+        """Start a new phase; False where the OS can't reset the RSS peak (it then keeps the lifetime's)."""
+        if self.device is not None:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        return reset_peak_rss()
+
+
+def compile_threads() -> Optional[int]:
+    """Inductor's compile workers in this process (1: compiles in-process), None without inductor."""
+    if "torch._inductor.config" not in sys.modules:
+        return None
+    return int(sys.modules["torch._inductor.config"].compile_threads)
 
 
 def _shared(run_dir: Optional[str], kind: str, device: torch.device, suffix: str) -> Optional[str]:

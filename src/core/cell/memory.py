@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import resource
 import sys
+import threading
 from typing import Optional
 
 import psutil
@@ -48,6 +49,49 @@ def reset_peak_rss() -> bool:
         return _vmhwm_mb() is not None
     except OSError:
         return False
+
+
+class DescendantsPeak:
+    """Peak summed RSS of this process's descendants (inductor's compile workers), sampled.
+
+    Compile workers are processes of their own, outside the cell's ``VmHWM``; a daemon thread
+    samples them every ``interval_s`` from ``start()`` to ``stop()`` (compile, first step and
+    warm-up: the measured steps run without it, so it costs them nothing).
+    """
+
+    def __init__(self, interval_s: float = 0.1):
+        self.interval_s = interval_s
+        self.peak_mb = 0.0
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self) -> "DescendantsPeak":
+        self._thread = threading.Thread(target=self._run, name="cnncompare-descendants", daemon=True)
+        self._thread.start()
+        return self
+
+    def sample(self) -> None:
+        total = 0
+        for child in psutil.Process().children(recursive=True):
+            try:
+                total += child.memory_info().rss
+            except psutil.Error:  # exited between the listing and the reading
+                pass
+        self.peak_mb = max(self.peak_mb, total / _MB)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> Optional[float]:
+        """The peak in MB; None when no descendant was ever seen."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+            self.sample()
+        return self.peak_mb or None
 
 
 def process_usage() -> resource.struct_rusage:

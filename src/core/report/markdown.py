@@ -23,6 +23,7 @@ from ..stats import (
     T_INTERVAL_MIN_ROUNDS,
     Verdict,
     kernel_share,
+    one_off_peak,
     parity_cost,
     sentinel_spread,
 )
@@ -76,9 +77,9 @@ def _per_s(config: RunConfig) -> str:
 def _device_table(results: list[CellResult], config: RunConfig) -> str:
     cuda = any(r.cuda_peak_allocated_mb is not None for r in results)
     headers = ["backend", "status", "step median (s)", "IQR (s)", _per_s(config), "speedup vs eager",
-               "compile (s)", "first step (s)", "break-even (steps)", "peak RSS (MB)"]
+               "compile (s)", "first step (s)", "break-even (steps)", "peak RSS steady / one-off (MB)"]
     if cuda:
-        headers += ["CUDA peak alloc (MB)", "CUDA peak reserved (MB)"]
+        headers += ["CUDA peak alloc steady / one-off (MB)", "CUDA peak reserved (MB)"]
     headers.append("parity (worst ÷ limit)" if any(r.parity and r.parity.margin is not None for r in results)
                    else "parity (max rel. err)")
     rows = []
@@ -94,13 +95,31 @@ def _device_table(results: list[CellResult], config: RunConfig) -> str:
             _num(r.compile_s) + (f" (warm {_num(r.warm_compile_s)})" if r.warm_compile_s is not None else ""),
             _num(r.first_step_s) + (f" (warm {_num(r.warm_first_step_s)})" if r.warm_first_step_s is not None else ""),
             str(r.break_even_steps) if r.break_even_steps is not None else "–",
-            _num(r.peak_rss_mb, 4),
+            _steady_and_one_off(r.peak_rss_steady_mb, one_off_peak(r.peak_rss_first_step_mb, r.peak_rss_warmup_mb),
+                                r.peak_rss_mb),
         ]
         if cuda:
-            row += [_num(r.cuda_peak_allocated_mb, 4), _num(r.cuda_peak_reserved_mb, 4)]
+            row += [_steady_and_one_off(r.cuda_peak_allocated_steady_mb,
+                                        one_off_peak(r.cuda_peak_allocated_first_step_mb,
+                                                     r.cuda_peak_allocated_warmup_mb), r.cuda_peak_allocated_mb),
+                    _num(r.cuda_peak_reserved_mb, 4)]
         row.append(_parity_cell(r))
         rows.append(row)
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def _steady_and_one_off(steady: Optional[float], one_off: Optional[float], lifetime: Optional[float]) -> str:
+    """"steady / one-off" peaks; the lifetime peak alone where the phases are unknown."""
+    if steady is None or one_off is None:
+        return _num(lifetime, 4)
+    return f"{_num(steady, 4)} / {_num(one_off, 4)}"
+
+
+def _workers(r: CellResult) -> str:
+    """Inductor's compile workers and their summed peak RSS (processes outside the cell's own)."""
+    if r.compile_threads is None:
+        return "–"
+    return f"{r.compile_threads}" + (f" ({_num(r.workers_peak_rss_mb, 4)} MB)" if r.workers_peak_rss_mb else "")
 
 
 def _faults(value: Optional[float]) -> str:
@@ -127,20 +146,26 @@ def _diagnostics_table(results: list[CellResult]) -> Optional[str]:
         rows.append([
             md_cell(r.backend),
             _num(r.achieved_gflops),
-            "–" if r.pct_of_peak is None else f"{r.pct_of_peak:.1f} %",
+            "–" if r.pct_of_peak is None else f"{r.pct_of_peak:.1f} %" + (f" ({r.peak_precision})" if r.peak_precision
+                                                                         else ""),
             "–" if r.memory_ratio_vs_eager is None else f"{r.memory_ratio_vs_eager:.2f}x",
             _faults(r.page_faults_per_step),
             _num(r.cpu_sys_s_per_step),
             md_cell(dyn),
             md_cell(cache),
+            _workers(r),
         ])
     if not rows:
         return None
     headers = ["backend", "achieved GFLOP/s", "% of peak", "memory vs eager",
-               "page faults / step", "kernel CPU s / step", "dynamo graphs / breaks / recompiles", "compile cache"]
+               "page faults / step", "kernel CPU s / step", "dynamo graphs / breaks / recompiles", "compile cache",
+               "compile workers (peak RSS)"]
     # Runs from before getrusage was recorded have no fault figures: drop those columns, not fill them with dashes.
     if all(row[4] == "–" and row[5] == "–" for row in rows):
         headers, rows = headers[:4] + headers[6:], [row[:4] + row[6:] for row in rows]
+    # Runs from before the workers were recorded: no such column.
+    if all(row[-1] == "–" for row in rows):
+        headers, rows = headers[:-1], [row[:-1] for row in rows]
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
@@ -309,14 +334,23 @@ HOW_TO_READ = """\
   which includes lazy compilation (`torch.compile` compiles here, forward and backward). Caches are
   cold: each cell runs in a fresh process with a fresh inductor cache directory; "(warm …)" is
   the median of later rounds', which reuse the cell's cache.
-- **break-even**: training steps until the backend's extra one-off cost (compile + first step,
-  beyond eager's) is repaid by its saving per step; – when it is not faster.
-- **peak RSS**: the cell's process, compile and first step included (the per-phase split is in the JSON).
+- **break-even**: training steps until the backend's extra one-off cost is repaid by its saving
+  per step; – when it is not faster. The one-off cost is compile, plus what the first step and the
+  warm-up steps took beyond as many steady steps (lazy compiles, recompiles, CUDA-graph recording,
+  TorchScript's profiling runs), minus eager's.
+- **peak RSS steady / one-off**: the cell's process; steady = the measured steps' peak, one-off =
+  compile, first step and warm-up (autotuning, CUDA-graph recording, the parity snapshot). The same
+  split for CUDA's allocated memory; reserved is the lifetime peak. Inductor's compile workers are
+  processes of their own, not in these figures: their summed peak RSS (sampled every 0.1 s through
+  compile and warm-up) is under **compile workers**, with their count (torch's default unless
+  `--compile-threads`).
 - **achieved GFLOP/s, % of peak**: the step's FLOPs (torch.utils.flop_counter, forward +
-  backward) ÷ the median step time, against the best rate of an fp32 matmul probe on the same
-  device: how far from the hardware the step runs.
-- **memory vs eager**: eager's peak ÷ this backend's (CUDA allocated where there is one, else
-  RSS); >1 uses less.
+  backward) ÷ the median step time, against the best rate of a matmul probe on the same device in
+  the row's own precision (in brackets): fp32; tf32 for fp32 rows on CUDA where torch allows TF32
+  for matmuls or convolutions (cuDNN's convolutions do by default); bf16/fp16 for mixed-precision
+  rows. How far from the hardware the step runs.
+- **memory vs eager**: eager's steady peak ÷ this backend's (CUDA allocated where there is one,
+  else RSS); >1 uses less. One-off peaks are not compared.
 - **page faults / step, kernel CPU s / step**: over the measured steps, from `getrusage` (all
   threads of the cell's process). A page fault maps a fresh page the kernel must zero: tensors
   larger than glibc's mmap threshold are mapped anew each step, so a step that frees and
@@ -383,10 +417,12 @@ def render_markdown(report: RunReport, charts: Optional[list[tuple[str, str]]] =
             out += ["", rounds]
         diagnostics = _diagnostics_table(rows)
         if diagnostics:
-            peak = next((r.peak_gflops for r in rows if r.peak_gflops), None)
+            peaks = {r.peak_precision or "fp32": r.peak_gflops for r in rows if r.peak_gflops}
             gflop = next((r.gflop_per_step for r in rows if r.gflop_per_step), None)
+            probes = ", ".join(f"{precision} {_num(value)}" for precision, value in peaks.items())
             out += ["", f"Why ({md_cell(device)}): the step is {_num(gflop)} GFLOP (forward + backward); "
-                        f"an fp32 matmul probe reached {_num(peak)} GFLOP/s here.{_kernel_time_hint(rows, config)}",
+                        f"matmul probes reached (GFLOP/s) {probes or '–'} here; each row's % of peak is against "
+                        f"its own precision's.{_kernel_time_hint(rows, config)}",
                     "", diagnostics]
         parity = _parity_table(rows)
         if parity:

@@ -69,4 +69,9 @@ def capture(threads: int) -> dict[str, Any]:
         "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
         "nvidia_driver": _nvidia_driver(),
         "mps": bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()),
+        # What fp32 matmuls and convolutions may compute in on CUDA (the cells keep torch's
+        # defaults): TF32 where allowed, which sets the peak fp32 rows are held against.
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
     }

@@ -1,8 +1,9 @@
-"""A fork server: each cell's child forked from a process that has imported torch and dynamo.
+"""A fork server: each cell's child forked from a process that has imported torch and its compilers.
 
 Importing torch and torch._dynamo costs ~5 s per process on the 2-core
-reference machine, more than the rest of a small cell. The server
-(``python -m cnncompare.core.run.forkserver``) imports them once, then does
+reference machine, more than the rest of a small cell, and inductor's compiler
+another ~1.2 s that no row's compile_s should hold (``cell.main.IMPORTED_BEFORE_TIMING``).
+The server (``python -m cnncompare.core.run.forkserver``) imports them once, then does
 nothing else: no tensor, no thread pool, no CUDA, no compilation. A child
 forked from it is as clean as a fresh interpreter; ``cell.main.forked_main``
 gives it its own session, environment, directory and log. The server dies
@@ -29,10 +30,11 @@ import subprocess
 import sys
 from typing import Optional
 
+from ..cell.main import IMPORTED_BEFORE_TIMING
 from ..processes import PARENT_PID_ENV
 
 #: Imported once in the server (not torch._inductor's compile workers: the child sets their count).
-PRELOAD = ("torch", "torch._dynamo", "cnncompare.core.cell.measure", "cnncompare.core.cell.main")
+PRELOAD = (*IMPORTED_BEFORE_TIMING, "cnncompare.core.cell.measure", "cnncompare.core.cell.main")
 
 
 def _exit_code(status: int) -> int:

@@ -63,12 +63,14 @@ def child_env(cache_dir: str, config: RunConfig) -> dict[str, str]:
         # A cache directory per cell: nothing leaks between cells, and the first compile is cold.
         "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache_dir, "inductor"),
         "TRITON_CACHE_DIR": os.path.join(cache_dir, "triton"),
-        # 1 (the default) compiles in-process: worker pools outlive compilation and hold
-        # memory the cell's peak RSS would not see (pytorch/pytorch#105832).
-        "TORCHINDUCTOR_COMPILE_THREADS": str(config.compile_threads),
         "OMP_NUM_THREADS": str(config.resolved_threads),
         "PYTHONUNBUFFERED": "1",
     })
+    # Unset: torch decides, as it would for the user (its count for the cores; the cell
+    # records it). Workers outlive compilation and hold memory outside the cell's own RSS
+    # (pytorch/pytorch#105832): the cell samples them apart (memory.DescendantsPeak).
+    if config.compile_threads is not None:
+        env["TORCHINDUCTOR_COMPILE_THREADS"] = str(config.compile_threads)
     return env
 
 

@@ -186,7 +186,7 @@ def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunC
     reason = slot.unavailable or _unavailable(backend, slot.name, config)
     if reason:
         return CellResult(status=Status.SKIPPED, error=reason, **row)
-    row.update(compile_cache=config.compile_cache, compile_threads=config.compile_threads)
+    row.update(compile_cache=config.compile_cache)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="cnncompare-cell-") as cell_dir:
         outcome, cold = _measure(backend, workload, slot.name, config, cell_dir, run_dir, on_phase,

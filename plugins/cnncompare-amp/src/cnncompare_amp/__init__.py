@@ -85,6 +85,7 @@ class _Autocast:
 class AmpBf16(_Autocast):
     name = "amp-bf16"
     dtype = torch.bfloat16
+    precision = "bf16"  # % of peak against a bf16 matmul's peak, not fp32's
     parity_rtol = BF16_TOLERANCE
     description = f"eager under torch.autocast(bfloat16); parity tolerance {BF16_TOLERANCE:g} relative (8 significant bits)"
 
@@ -98,6 +99,7 @@ class CompileAmpBf16(AmpBf16):
 class AmpFp16(_Autocast):
     name = "amp-fp16"
     dtype = torch.float16
+    precision = "fp16"
     parity_rtol = FP16_TOLERANCE
     description = f"eager under torch.autocast(float16) with a GradScaler; parity tolerance {FP16_TOLERANCE:g} relative"
 
