@@ -76,8 +76,10 @@ def _per_s(config: RunConfig) -> str:
 
 def _device_table(results: list[CellResult], config: RunConfig) -> str:
     cuda = any(r.cuda_peak_allocated_mb is not None for r in results)
+    phases = any(r.peak_rss_steady_mb is not None for r in results)  # older reports: lifetime peaks only
     headers = ["backend", "status", "step median (s)", "IQR (s)", _per_s(config), "speedup vs eager",
-               "compile (s)", "first step (s)", "break-even (steps)", "peak RSS steady / one-off (MB)"]
+               "compile (s)", "first step (s)", "break-even (steps)",
+               "peak RSS steady / one-off (MB)" if phases else "peak RSS (MB)"]
     if cuda:
         headers += ["CUDA peak alloc steady / one-off (MB)", "CUDA peak reserved (MB)"]
     headers.append("parity (worst ÷ limit)" if any(r.parity and r.parity.margin is not None for r in results)
