@@ -260,7 +260,7 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
         reference = reference_state(job, device, judged, cache, shards)
         got = {key: value for path in snapshot_paths
                for key, value in torch.load(path, map_location=device, weights_only=True, mmap=True).items()}
-        parity = compare_with_reference(got, reference, base.parity_rtol(backend), judged)
+        parity = compare_with_reference(got, reference, base.parity_rtol(backend), judged, base.precision(backend))
         parity.check_s = time.perf_counter() - start
         parity.reference_s = reference["seconds"] if computed_here else None
         if record.distributed is not None and not record.distributed.ranks_identical:
