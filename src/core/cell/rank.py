@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Optional
 
 from .. import stats
-from ..records import CellRecord, DistributedFigures
+from ..records import CellRecord, DistributedFigures, Measured
 
 
 @dataclass(frozen=True)
@@ -150,19 +150,15 @@ def combine(per_rank: list[CellRecord], rank: Rank, pg_backend: str, batch_size:
         known = [v for v in values if v is not None]
         return max(known) if known else None
 
-    # The one-off costs and the memory peaks of the rank that needs the most.
+    # The one-off costs and the memory figures (every *_mb field: baselines, peaks per phase,
+    # compile workers') of the rank that needs the most.
+    peaks: dict[str, Any] = {f.name: most([getattr(r, f.name) for r in per_rank])
+                             for f in fields(Measured) if f.name.endswith("_mb")}
     return replace(
         per_rank[worst],
         compile_s=most([r.compile_s for r in per_rank]),
         first_step_s=most([r.first_step_s for r in per_rank]),
-        rss_baseline_mb=most([r.rss_baseline_mb for r in per_rank]),
-        peak_rss_mb=most([r.peak_rss_mb for r in per_rank]),
-        peak_rss_first_step_mb=most([r.peak_rss_first_step_mb for r in per_rank]),
-        peak_rss_steady_mb=most([r.peak_rss_steady_mb for r in per_rank]),
-        cuda_peak_allocated_mb=most([r.cuda_peak_allocated_mb for r in per_rank]),
-        cuda_peak_reserved_mb=most([r.cuda_peak_reserved_mb for r in per_rank]),
-        cuda_peak_allocated_first_step_mb=most([r.cuda_peak_allocated_first_step_mb for r in per_rank]),
-        cuda_peak_reserved_first_step_mb=most([r.cuda_peak_reserved_first_step_mb for r in per_rank]),
+        **peaks,
         distributed=DistributedFigures(
             nproc=rank.world,
             nnodes=rank.world // rank.local_world,
