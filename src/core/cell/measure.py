@@ -35,7 +35,7 @@ from ..config import RunConfig
 from ..records import CellRecord, Status
 from . import rank as ddp
 from .diagnostics import DynamoWatch
-from .memory import DescendantsPeak, current_rss_mb, peak_rss_mb, per_step_usage, process_usage, reset_peak_rss, use_malloc
+from .memory import DescendantsPeak, PhasePeaks, current_rss_mb, per_step_usage, process_usage, use_malloc
 from .parity import compare_with_reference, parity_step, reference_state, snapshot
 from .rank import Rank
 from .roofline import roofline
@@ -43,7 +43,6 @@ from .timing import timed, timed_steps
 from .training import Job, make_optimizer, make_train_step, trained_parameters
 
 ERROR_TAIL_LINES = 15
-_MB = 1024 * 1024
 
 #: ``on_phase(name, done, total)``: progress for the parent, never called inside a timed region.
 PhaseReporter = Callable[[str, int, int], None]
@@ -173,7 +172,7 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
         on_phase(phase, 0, 1)
         loss, record.first_step_s = timed(functools.partial(step, x, y), device)
         losses.append(loss)
-        peaks = _Peaks(device if cuda else None)
+        peaks = PhasePeaks(device if cuda else None)
         record.peak_rss_first_step_mb, record.cuda_peak_allocated_first_step_mb, \
             record.cuda_peak_reserved_first_step_mb = peaks.take()
         # Between the memory phases: torch.save streams the tensors without copies on the
@@ -277,26 +276,6 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
         record.status = Status.FAIL_ACCURACY
         record.error = f"parity: {parity.detail}"
     return record
-
-
-class _Peaks:
-    """The process's peak RSS and (on CUDA) the caching allocator's peaks, phase by phase."""
-
-    def __init__(self, cuda_device: Optional[torch.device]):
-        self.device = cuda_device
-
-    def take(self) -> tuple[float, Optional[float], Optional[float]]:
-        """(peak RSS, CUDA peak allocated, CUDA peak reserved) in MB since the last reset."""
-        if self.device is None:
-            return peak_rss_mb(), None, None
-        return (peak_rss_mb(), torch.cuda.max_memory_allocated(self.device) / _MB,
-                torch.cuda.max_memory_reserved(self.device) / _MB)
-
-    def reset(self) -> bool:
-        """Start a new phase; False where the OS can't reset the RSS peak (it then keeps the lifetime's)."""
-        if self.device is not None:
-            torch.cuda.reset_peak_memory_stats(self.device)
-        return reset_peak_rss()
 
 
 def compile_threads() -> Optional[int]:

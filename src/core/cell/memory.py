@@ -2,17 +2,22 @@
 
 Peak RSS per phase on Linux: ``VmHWM`` from ``/proc/self/status`` is the
 high-water mark, and writing ``5`` to ``/proc/self/clear_refs`` resets it to
-the current RSS, so compile + first step and the steady state get separate
-peaks. Elsewhere only the lifetime peak (``ru_maxrss``) is known.
+the current RSS, so compile + first step, the warm-up and the measured steps
+get separate peaks (``PhasePeaks``, with CUDA's allocator peaks beside them).
+Elsewhere only the lifetime peak (``ru_maxrss``) is known. Compile workers are
+processes of their own: ``DescendantsPeak`` samples them.
 """
 from __future__ import annotations
 
 import resource
 import sys
 import threading
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import psutil
+
+if TYPE_CHECKING:
+    import torch
 
 _MB = 1024 * 1024
 
@@ -92,6 +97,30 @@ class DescendantsPeak:
             self._thread = None
             self.sample()
         return self.peak_mb or None
+
+
+class PhasePeaks:
+    """The process's peak RSS and (on CUDA) the caching allocator's peaks, phase by phase."""
+
+    def __init__(self, cuda_device: Optional["torch.device"]):
+        self.device = cuda_device
+
+    def take(self) -> tuple[float, Optional[float], Optional[float]]:
+        """(peak RSS, CUDA peak allocated, CUDA peak reserved) in MB since the last reset."""
+        if self.device is None:
+            return peak_rss_mb(), None, None
+        import torch
+
+        return (peak_rss_mb(), torch.cuda.max_memory_allocated(self.device) / _MB,
+                torch.cuda.max_memory_reserved(self.device) / _MB)
+
+    def reset(self) -> bool:
+        """Start a new phase; False where the OS can't reset the RSS peak (it then keeps the lifetime's)."""
+        if self.device is not None:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats(self.device)
+        return reset_peak_rss()
 
 
 def process_usage() -> resource.struct_rusage:
