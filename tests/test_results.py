@@ -63,6 +63,28 @@ def test_break_even_counts_the_warm_up_steps_beyond_steady_ones():
     assert graphs.break_even_steps == math.ceil((2.0 + (4.0 - 2 * 0.5)) / 0.5)
 
 
+def _rounds(backend, per_round, compile_s=0.0):
+    pooled = [x for samples in per_round for x in samples]
+    r = CellResult(backend=backend, device="cpu", compile_s=compile_s, first_step_s=min(pooled),
+                   step_s=StepStats.from_samples(pooled), round_samples=per_round)
+    r.rounds = [StepStats.from_samples(samples).median for samples in per_round]
+    return r
+
+
+def test_break_even_agrees_with_the_speedup_over_rounds():
+    # Pooled, the backend's median (0.97) is below eager's (1.0); round by round it is slower in
+    # two rounds of three (drift moved eager's): the speedup is below 1, so there is no break-even.
+    eager = _rounds("eager", [[1.2] * 3, [0.9] * 3, [1.0] * 3])
+    backend = _rounds("other", [[1.25] * 3, [0.95] * 3, [0.97] * 3])
+    derive([eager, backend], batch_size=1)
+    assert backend.step_s.median < eager.step_s.median and backend.speedup_vs_eager < 1
+    assert backend.break_even_steps is None
+    faster = _rounds("faster", [[0.6] * 3, [0.45] * 3, [0.5] * 3], compile_s=5.0)
+    derive([eager, faster], batch_size=1)
+    assert faster.speedup_vs_eager == pytest.approx(2.0)
+    assert faster.break_even_steps == math.ceil(5.0 / (1.0 * (1 - 1 / faster.speedup_vs_eager)))
+
+
 def test_memory_vs_eager_compares_steady_peaks_not_one_off_ones():
     eager, tuned = _cell("eager", 1.0), _cell("tuned", 0.5)
     eager.cuda_peak_allocated_steady_mb, eager.cuda_peak_allocated_mb = 100.0, 120.0

@@ -91,7 +91,8 @@ class Backend(Protocol):
         What the step's matmuls and convolutions compute in: ``fp32``,
         ``bf16`` or ``fp16`` (mixed precision under autocast). The row's
         % of peak is held against a peak probed in that precision (fp32 rows
-        on CUDA against TF32's where torch allows TF32 there).
+        on CUDA against TF32's where torch allows TF32 there), and each parity
+        limit gets the error fp32 eager's would be at that precision.
     """
 
     name: str

@@ -259,7 +259,8 @@ def derive(results: Sequence["CellResult"], batch_size: int) -> None:
     ``ok`` cells only: a wrong or failed backend has no speedup worth quoting.
     break_even_steps = training steps until the backend's extra one-off cost
     (``one_off_cost``: compile, first step and warm-up beyond steady steps, minus
-    eager's) is repaid by its per-step saving; None when it is not faster.
+    eager's) is repaid by its per-step saving, eager's median x (1 - 1 / speedup); None when
+    the speedup is not above 1.
     """
     eager = {r.device: r for r in results if r.backend == "eager" and r.status == Status.OK and r.step_s}
     for r in results:
@@ -287,8 +288,10 @@ def derive(results: Sequence["CellResult"], batch_size: int) -> None:
         else:
             speedup, low, high = speedup_interval(rounds_of(base), rounds_of(r))
             r.speedup_vs_eager, r.speedup_ci = speedup, [low, high]
-        saving = base.step_s.median - median
-        if saving > 0:
+        # The saving per step from the speedup (the median over rounds), so that break-even
+        # agrees with the speedup column: a row the rounds call slower has none.
+        if r is not base and r.speedup_vs_eager > 1:
+            saving = base.step_s.median * (1 - 1 / r.speedup_vs_eager)
             extra = one_off_cost(r) - one_off_cost(base)
             r.break_even_steps = 0 if extra <= 0 else math.ceil(extra / saving)
 
