@@ -77,7 +77,7 @@ def snapshot(workdir: Path) -> tuple[Path, str]:
     return tree, commit
 
 
-def test_release(minor: str, workdir: Path, keep: bool) -> dict:
+def test_release(minor: str, workdir: Path, keep: bool, tests: bool = True) -> dict:
     """One row: what was installed, each backend's status, the suite's summary line."""
     tree, commit = snapshot(workdir)
     row: dict = {"minor": minor, "python": platform.python_version(), "commit": commit,
@@ -112,6 +112,9 @@ def test_release(minor: str, workdir: Path, keep: bool) -> dict:
                                      "--output", str(workdir / f"torch-{minor}.md")], log, env, 3600, tree)
         row["backends_exit"] = code
         read_report(row, report)
+        if not tests:
+            row["tests"] = "not run (--no-tests)"
+            return row
         code, row["tests_s"] = sh([py, "-m", "pytest", *PYTEST], log, env, 3600, tree)
         row["tests_exit"] = code
         summary = [line for line in log.read_text(errors="replace").splitlines()
@@ -189,6 +192,7 @@ def main() -> int:
     p.add_argument("--versions", nargs="+", default=VERSIONS, help="torch minors, e.g. 2.6 2.15")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/cnnc-torch-versions"))
     p.add_argument("--keep", action="store_true", help="keep each venv (a few GB each)")
+    p.add_argument("--no-tests", action="store_true", help="the backends only, not the suite (minutes, not ten)")
     p.add_argument("--table-only", action="store_true", help="run nothing; rewrite the table from the results")
     args = p.parse_args()
     rows: dict[str, dict] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
@@ -200,7 +204,7 @@ def main() -> int:
         args.workdir.mkdir(parents=True, exist_ok=True)
         for minor in args.versions:
             print(f"torch {minor} …", file=sys.stderr, flush=True)
-            rows[minor] = test_release(minor, args.workdir, args.keep)
+            rows[minor] = test_release(minor, args.workdir, args.keep, tests=not args.no_tests)
             RESULTS.write_text(json.dumps(rows, indent=1, sort_keys=True) + "\n")
             TABLE.write_text(table(rows))
             print(f"torch {minor}: {rows[minor].get('tests') or rows[minor].get('error')}", file=sys.stderr)
