@@ -8,6 +8,8 @@ Plugin authors need these names from here:
   ``cnncompare.backends.base``).
 - ``cnncompare.Workload``: the protocol a workload object follows (see
   ``cnncompare.workloads.base``).
+- ``cnncompare.ModelSpec``: what a user's model factory may return
+  (``--workload file.py:factory``, see ``cnncompare.workloads.factory``).
 
 The package's map: ``cli`` (the command line) -> ``core/run`` (the parent:
 plan, launch, supervise) -> ``core/cell`` (inside each cell's child:
@@ -32,5 +34,6 @@ except PackageNotFoundError:  # running from a checkout that was never installed
 
 from .backends.base import Backend  # noqa: E402  (needs PROJECT_NAME first)
 from .workloads.base import Workload  # noqa: E402
+from .workloads.factory import ModelSpec  # noqa: E402
 
-__all__ = ["Backend", "PROJECT_NAME", "Workload", "__version__", "hookimpl"]
+__all__ = ["Backend", "ModelSpec", "PROJECT_NAME", "Workload", "__version__", "hookimpl"]

@@ -84,7 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="'all' (the curated set), or a comma list of names and patterns, e.g. all,dynamo:* (default: all)")
     p.add_argument("--devices", default="all", help="'all' (cpu + every CUDA GPU + mps), or a comma list of cpu, cuda, cuda:N, mps (default: all)")
     p.add_argument("--workload", default=DEFAULT_WORKLOAD, metavar="NAME",
-                   help=f"what every backend trains; --list shows them (default: {DEFAULT_WORKLOAD})")
+                   help="what every backend trains: a workload --list shows, torchvision:<model>, timm:<model>, "
+                   f"or your own FILE.py:FUNCTION or MODULE:FUNCTION (docs/workloads.md) (default: {DEFAULT_WORKLOAD})")
+    p.add_argument("--workload-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a workload option (repeat for several); --list shows each workload's options and defaults")
     p.add_argument("--image-size", type=_number("--image-size", int), default=None, metavar="N",
                    help="square image side in pixels, for a workload with an image_size option (default: the "
                    "workload's, 28 for seed-cnn)")
@@ -206,20 +209,56 @@ def _known_backends(registry) -> str:
 
 
 def _select_workload(args: argparse.Namespace, registry) -> WorkloadSpec:
-    """The workload named by ``--workload``, its options given on the command line checked and
-    the rest filled with its defaults."""
-    from .workloads.base import OptionError, resolve_options
+    """The workload named by ``--workload`` (a plugin's, a library model, or the user's factory:
+    ``workloads.find``), its options given on the command line checked and the rest filled with
+    its defaults. A workload no plugin registers joins ``registry`` so the cells find it."""
+    from .workloads import WorkloadError, find
+    from .workloads.base import OptionError, resolve_options, throughput_unit, units_per_sample
 
-    workload = registry.workloads.get(args.workload)
-    if workload is None:
-        raise UsageError(f"--workload: unknown workload {args.workload!r}; known: {', '.join(registry.workloads)}")
+    try:
+        workload, origin = find(args.workload, registry.workloads)
+    except WorkloadError as exc:
+        raise UsageError(f"--workload {args.workload}: {exc}" if ":" in args.workload else f"--workload: {exc}") from None
+    if origin:
+        registry.workloads[workload.name] = workload
+        registry.workload_origin[workload.name] = origin
     given = {"image_size": args.image_size} if args.image_size is not None else {}
+    for item in args.workload_option:
+        key, value = _option_value(item, workload)
+        if key in given and key in WORKLOAD_OPTION_FLAGS:
+            raise UsageError(f"--workload-option {key}: given twice (also as {WORKLOAD_OPTION_FLAGS[key]})")
+        given[key] = value
     try:
         options = resolve_options(workload, given)
+        units = units_per_sample(workload, options)
     except OptionError as exc:
-        label = WORKLOAD_OPTION_FLAGS.get(exc.key)
-        raise UsageError(f"{label}: {exc.message}" if label else f"--workload {args.workload}: {exc}") from None
-    return WorkloadSpec(workload.name, options, workload.sample_unit)
+        label = WORKLOAD_OPTION_FLAGS.get(exc.key) if args.image_size is not None else None
+        raise UsageError(f"{label}: {exc.message}" if label else f"--workload-option {exc}") from None
+    except WorkloadError as exc:
+        raise UsageError(f"--workload {args.workload}: {exc}") from None
+    return WorkloadSpec(workload.name, options, workload.sample_unit, throughput_unit(workload), units)
+
+
+def _option_value(item: str, workload: Any) -> tuple[str, Any]:
+    """``KEY=VALUE`` as the option's type (its default's); a key the workload lacks keeps its
+    text, for ``resolve_options`` to refuse naming the workload's options."""
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise UsageError(f"--workload-option: expected KEY=VALUE, got {item!r}")
+    default = workload.options.get(key)
+    if isinstance(default, bool):
+        words = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+        if text.lower() not in words:
+            raise UsageError(f"--workload-option {key}: expected true or false, got {text!r}")
+        return key, words[text.lower()]
+    if isinstance(default, (int, float)):
+        try:
+            return key, type(default)(text)
+        except ValueError:
+            noun = "a whole number" if type(default) is int else "a number"
+            raise UsageError(f"--workload-option {key}: expected {noun}, got {text!r}") from None
+    return key, text
 
 
 def _check_writable(option: str, path: Path) -> Path:

@@ -31,6 +31,8 @@ BUILTIN_PLUGINS = (
     "cnncompare.backends.inductor",
     "cnncompare.backends.dynamo_bridge",
     "cnncompare.workloads.seed_cnn",
+    "cnncompare.workloads.resnet",
+    "cnncompare.workloads.transformer",
 )
 
 ENV_PLUGINS = "CNNCOMPARE_PLUGINS"

@@ -25,6 +25,10 @@ DEFAULT_PARITY_RTOL = 1e-2
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
+class NotApplicable(Exception):
+    """The backend does not apply to this workload (its message says why); the cell is ``skipped``."""
+
+
 class Backend(Protocol):
     """A way of turning the workload's model into something faster to train.
 
@@ -76,6 +80,10 @@ class Backend(Protocol):
     ``prepare_input(x) -> x`` [identity]
         Converts the input batch once, before ``compile`` and outside any
         timed region (e.g. to ``torch.channels_last``), as a data loader would.
+
+    A backend that does not apply to the workload it is given (channels-last
+    on token ids) raises ``NotApplicable("why")`` from ``prepare_input``,
+    ``compile`` or ``compile_step``: the cell is ``skipped`` with that reason.
     ``in_all: bool`` [``True``]
         Whether ``--backends all`` includes the backend. Bridges that offer
         many experimental backends set it False; users name them explicitly

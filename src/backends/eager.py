@@ -2,6 +2,7 @@
 import torch
 
 from .. import hookimpl
+from .base import NotApplicable
 
 
 def to_channels_last(model):
@@ -13,6 +14,9 @@ class ChannelsLastInput:
     """Mixin: the batch in torch.channels_last, converted once outside timing, as a loader would."""
 
     def prepare_input(self, x):
+        if x.dim() != 4:
+            raise NotApplicable(f"channels_last is a layout of 4-d image batches (N, C, H, W); this workload's "
+                                f"input is {x.dim()}-d {tuple(x.shape)}")
         return x.contiguous(memory_format=torch.channels_last)
 
 

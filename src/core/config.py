@@ -70,11 +70,20 @@ DISTRIBUTED = "distributed (each cell a torchrun job under DistributedDataParall
 @dataclass(frozen=True)
 class WorkloadSpec:
     """Which workload a run trains, with every option's value (defaults filled in when the
-    workload is resolved, ``workloads.base.resolve``), and the unit of one sample."""
+    workload is resolved, ``workloads.base.resolve_options``), the unit of one sample, and what
+    throughput counts: ``units_per_sample`` of ``throughput_unit`` per sample (tokens per
+    sequence; 1 and the sample unit itself for most workloads)."""
 
     name: str = DEFAULT_WORKLOAD
     options: Mapping[str, Any] = field(default_factory=dict)
     sample_unit: str = "sample"
+    throughput_unit: str = ""
+    units_per_sample: int = 1
+
+    @property
+    def unit(self) -> str:
+        """What throughput counts (singular)."""
+        return self.throughput_unit or self.sample_unit
 
 
 @dataclass(frozen=True)
@@ -211,7 +220,8 @@ class RunConfig:
         """What must match for two runs' cells to be comparable: every field but those that
         choose what runs, where, or how it is supervised."""
         data = self.to_dict()
-        data["workload"].pop("sample_unit")
+        for key in ("sample_unit", "throughput_unit"):
+            data["workload"].pop(key)
         return {k: v for k, v in data.items() if k not in _SELECTION_KEYS}
 
 

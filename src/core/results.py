@@ -50,7 +50,8 @@ class CellResult(Measured):
     round_samples: Optional[list[list[float]]] = None
     round_compile_s: Optional[list[Optional[float]]] = None
     round_first_step_s: Optional[list[Optional[float]]] = None
-    # Derived (stats.derive). images_per_s is samples per second in the workload's unit.
+    # Derived (stats.derive). images_per_s is throughput per second in the workload's throughput unit
+    # (config.workload.throughput_unit: images for the CNNs, tokens for the transformer).
     images_per_s: Optional[float] = None
     speedup_vs_eager: Optional[float] = None
     speedup_ci: Optional[list[float]] = None
@@ -114,7 +115,7 @@ class RunReport:
         self._derive()
 
     def _derive(self) -> None:
-        stats.derive(self.results, self.config.batch_size)
+        stats.derive(self.results, self.config.batch_size * self.config.workload.units_per_sample)
         self.verdicts = {device: stats.verdict(device, self.rows(device)) for device in self.devices()}
 
     def devices(self) -> list[str]:

@@ -250,8 +250,9 @@ def _median(r: "CellResult") -> float:
     return r.step_s.median
 
 
-def derive(results: Sequence["CellResult"], batch_size: int) -> None:
-    """Fill the derived figures: samples/s, achieved GFLOP/s and % of peak, and the comparison
+def derive(results: Sequence["CellResult"], units_per_step: int) -> None:
+    """Fill the derived figures: throughput (``units_per_step``: the batch in the workload's
+    throughput unit, per rank under DDP, over the median step), achieved GFLOP/s and % of peak, and the comparison
     with eager on the same device (speedup, break-even, memory ratio), and DDP's scaling.
 
     speedup_vs_eager = eager median / backend median (>1 is faster), per round and
@@ -274,13 +275,13 @@ def derive(results: Sequence["CellResult"], batch_size: int) -> None:
         if r.step_s is None or r.step_s.median <= 0:
             continue
         median = r.step_s.median
-        r.images_per_s = batch_size / median
+        r.images_per_s = units_per_step / median
         if r.gflop_per_step:
             r.achieved_gflops = r.gflop_per_step / median
             if r.peak_gflops:
                 r.pct_of_peak = 100.0 * r.achieved_gflops / r.peak_gflops
         if r.distributed is not None:
-            _derive_scaling(r, batch_size, median)
+            _derive_scaling(r, units_per_step, median)
         if r.status != Status.OK or base is None or base.step_s is None:
             continue
         if r is base:
@@ -302,15 +303,15 @@ def _median_later(per_round: Optional[Sequence[Optional[float]]]) -> Optional[fl
     return statistics.median(later) if later else None
 
 
-def _derive_scaling(r: "CellResult", batch_size: int, slowest_median: float) -> None:
-    """global_images_per_s = world x batch / the slowest rank's median (a synchronous step waits
+def _derive_scaling(r: "CellResult", units_per_step: int, slowest_median: float) -> None:
+    """global_images_per_s = world x a rank's units per step / the slowest rank's median (a synchronous step waits
     for it); scaling_efficiency = that / (world x the single-process throughput), which is
     single-process median / slowest rank's median (1.0: DDP costs nothing)."""
     d = r.distributed
     assert d is not None
-    d.global_images_per_s = d.nproc * batch_size / slowest_median
+    d.global_images_per_s = d.nproc * units_per_step / slowest_median
     single = d.single_process_step_median_s
-    d.single_process_images_per_s = batch_size / single if single else None
+    d.single_process_images_per_s = units_per_step / single if single else None
     d.scaling_efficiency = single / slowest_median if single else None
 
 

@@ -53,6 +53,11 @@ class Workload(Protocol):
         Raises ``ValueError("<option>: <what is wrong>")`` for a value the
         workload can't take (a zero image size); called with every option
         filled in, before any cell runs.
+    ``throughput_unit: str`` [``sample_unit``]
+        What throughput counts when a sample holds several of them ("token"
+        for a sequence of tokens).
+    ``units_per_sample(options) -> int`` [``1``]
+        How many ``throughput_unit`` one sample holds (the sequence length).
     """
 
     name: str
@@ -81,6 +86,15 @@ class OptionError(ValueError):
 
 def description(workload: Any) -> str:
     return str(getattr(workload, "description", "") or "")
+
+
+def throughput_unit(workload: Any) -> str:
+    return str(getattr(workload, "throughput_unit", None) or workload.sample_unit)
+
+
+def units_per_sample(workload: Any, options: Mapping[str, Any]) -> int:
+    count = getattr(workload, "units_per_sample", None)
+    return 1 if count is None else int(count(options))
 
 
 def resolve_options(workload: Any, given: Mapping[str, Any]) -> dict[str, Any]:

@@ -217,6 +217,10 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
             record.cuda_peak_reserved_mb = max(record.cuda_peak_reserved_first_step_mb or 0,
                                                record.cuda_peak_reserved_warmup_mb or 0,
                                                record.cuda_peak_reserved_steady_mb or 0)
+    except base.NotApplicable as exc:
+        workers.stop()
+        record.status, record.error = Status.SKIPPED, str(exc)
+        return record
     except Exception as exc:
         workers.stop()
         record.dynamo = watch.report(cuda_index)

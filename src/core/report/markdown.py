@@ -71,7 +71,7 @@ def _sorted(results: list[CellResult]) -> list[CellResult]:
 
 
 def _per_s(config: RunConfig) -> str:
-    return f"{config.workload.sample_unit}s/s"
+    return f"{config.workload.unit}s/s"
 
 
 def _device_table(results: list[CellResult], config: RunConfig) -> str:
