@@ -31,6 +31,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ...backends import base
+from ...workloads.factory import WorkloadError
 from ..config import RunConfig
 from ..records import CellRecord, Status
 from . import rank as ddp
@@ -70,6 +71,8 @@ def _chain(exc: Optional[BaseException]):
 def classify(exc: BaseException, phase: str) -> Status:
     if _is_oom(exc):
         return Status.OOM
+    if isinstance(exc, WorkloadError):  # the workload's own failure, whatever the phase
+        return Status.FAIL_RUN
     if phase == "compile" or (phase == "first_step" and _is_compiler_error(exc)):
         return Status.FAIL_COMPILE
     return Status.FAIL_RUN
@@ -80,7 +83,8 @@ def fail(record: CellRecord, exc: BaseException, phase: str, status: Optional[St
     lines = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip().splitlines()
     summary = traceback.format_exception_only(type(exc), exc)[-1].strip()
     record.status = status or classify(exc, phase)
-    record.error = f"{phase}: {summary}"
+    # A workload's failure says so itself, whichever phase met it (make_batch runs in "compile").
+    record.error = str(exc) if isinstance(exc, WorkloadError) else f"{phase}: {summary}"
     record.error_tail = "\n".join(lines[-ERROR_TAIL_LINES:])
     return record
 

@@ -37,6 +37,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from ...workloads.factory import WorkloadError
 from ..records import Parity
 from .training import Job, make_optimizer, trained_parameters
 
@@ -207,7 +208,12 @@ def reference_state(job: Job, device: torch.device, steps: int, cache_path: Opti
     if device.type == "mps":  # no float64 on MPS
         name, ref = "float32 eager (MPS has no float64)", eager
     else:
-        name, ref = "float64 eager", eager_trajectory(job, device, torch.float64, steps, shards)
+        try:
+            ref = eager_trajectory(job, device, torch.float64, steps, shards)
+        except Exception as exc:
+            raise WorkloadError(f"workload {job.workload.name!r} can't train in float64 for the parity reference: "
+                                f"{type(exc).__name__}: {exc}") from exc
+        name = "float64 eager"
     name += f", {steps} steps"
     if shards > 1:
         name += f" over the same {shards} slices (DDP's averaged gradients, rank 0's buffers)"

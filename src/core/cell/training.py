@@ -6,13 +6,15 @@ trains exactly the same thing.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 
 from ...workloads.base import resolve_options
+from ...workloads.factory import WorkloadError
 from ..config import RunConfig
 
 
@@ -37,7 +39,8 @@ class Job:
         device starts from the same numbers.
         """
         torch.manual_seed(self.config.seed)
-        model = self.workload.build_model(self.options)
+        with self._naming("build_model"):
+            model = self.workload.build_model(self.options)
         return model.to(device=device, dtype=dtype).train()
 
     def make_batch(self, device: torch.device, shard: int = 0, shards: int = 1,
@@ -51,13 +54,25 @@ class Job:
         """
         gen = torch.Generator(device=device).manual_seed(self.config.seed)
         n = self.config.batch_size
-        x, y = self.workload.make_batch(self.options, n * shards, gen, device)
+        with self._naming("make_batch"):
+            x, y = self.workload.make_batch(self.options, n * shards, gen, device)
         part = slice(shard * n, (shard + 1) * n)
         x = x[part].contiguous()
         return (x.to(dtype) if x.is_floating_point() else x), y[part].contiguous()
 
     def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return self.workload.loss(output, targets)
+
+    @contextlib.contextmanager
+    def _naming(self, member: str) -> Iterator[None]:
+        """A workload's own failure, as one line naming the workload (not the backend's compile)."""
+        try:
+            yield
+        except WorkloadError as exc:
+            raise WorkloadError(f"workload {self.workload.name!r}: {exc}") from exc
+        except Exception as exc:
+            raise WorkloadError(f"workload {self.workload.name!r}: {member} raised {type(exc).__name__}: {exc}") \
+                from exc
 
 
 def make_optimizer(params, lr: float) -> torch.optim.Optimizer:
