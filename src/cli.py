@@ -62,6 +62,15 @@ def _bounded_float(option: str, valid: Callable[[float], bool], requirement: str
     return parse
 
 
+def _batch_sizes(text: str) -> tuple[int, ...]:
+    """``--batch-size``: one whole number, or a comma list of distinct ones (a sweep), in order."""
+    parse = _number("--batch-size", int)
+    sizes = tuple(parse(part.strip()) for part in text.split(","))
+    if len(set(sizes)) != len(sizes):
+        raise argparse.ArgumentTypeError(f"--batch-size: {text!r} names a size twice")
+    return sizes
+
+
 def _field_type(annotation: Any) -> type:
     """int, float or str from a config field's type (``Optional[int]`` is int)."""
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
@@ -102,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
                                       help=f"{meta['help']} (default: {shown})")
         if meta["choices"]:
             kwargs.update(choices=meta["choices"], metavar=None)
+        elif f.name == "batch_size":
+            kwargs.update(type=_batch_sizes, metavar="N[,N...]",
+                          help=f"{meta['help']}; several sizes (16,32,64) sweep: the matrix runs at each, each "
+                          f"size's report beside a summary of throughput against batch size (default: {shown})")
         elif (kind := _field_type(hints[f.name])) in (int, float):
             kwargs["type"] = _number(meta["flag"], kind)
         target.add_argument(meta["flag"], **kwargs)
@@ -148,18 +161,26 @@ def _main(argv: list[str]) -> int:
 
     backends = _select_backends(args.backends, registry)
     workload = _select_workload(args, registry)
+    sizes = args.batch_size if isinstance(args.batch_size, tuple) else (args.batch_size,)
     try:
-        config = RunConfig(backends=tuple(backends), devices=tuple(device_parts), workload=workload,
-                           **{f.name: getattr(args, f.name) for f in flagged_fields()})
-        config.check_here()
+        configs = [RunConfig(backends=tuple(backends), devices=tuple(device_parts), workload=workload,
+                             **{f.name: getattr(args, f.name) for f in flagged_fields()} | {"batch_size": size})
+                   for size in sizes]
+        configs[0].check_here()
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
+    config = configs[0]
+    if len(configs) > 1 and args.resume:
+        raise UsageError("--resume: resume one size of a sweep: its own report (…-bs32.json) with --batch-size 32")
     resumed = _load_report("--resume", args.resume) if args.resume else None
     md_path, json_path = _output_paths(args)
     csv_path = _check_writable("--csv", args.csv) if args.csv is not None else None
     if csv_path is not None and csv_path.resolve() in (md_path.resolve(), json_path.resolve()):
         raise UsageError("--csv: must differ from the markdown and JSON paths")
-    return run(config, registry, devmod.resolve_devices(device_parts), md_path, json_path, resumed, csv_path)
+    slots = devmod.resolve_devices(device_parts)
+    if len(configs) > 1:
+        return sweep(configs, registry, slots, md_path, json_path, csv_path)
+    return run(config, registry, slots, md_path, json_path, resumed, csv_path)
 
 
 def _registry():
@@ -307,8 +328,40 @@ def _output_paths(args: argparse.Namespace) -> tuple[Path, Path]:
     return md_path, json_path
 
 
+def sweep(configs: list[RunConfig], registry, slots, md_path: Path, json_path: Path,
+          csv_path: Optional[Path] = None) -> int:
+    """``--batch-size 16,32,64``: one whole run per size (``run``), each written beside
+    ``md_path`` as ``<stem>-bs<N>.md/.json`` (and .csv), then the summary at ``md_path`` and
+    ``json_path``, rewritten after each size so an interrupted sweep keeps the sizes it finished."""
+    from .core.fileio import write_atomic
+    from .core.report.sweep import SweepPoint, render_sweep_json, render_sweep_markdown, write_sweep_chart
+
+    points: list[SweepPoint] = []
+    code = EXIT_OK
+    for config in configs:
+        tag = f"-bs{config.batch_size}"
+        size_md, size_json = (p.with_name(p.stem + tag + p.suffix) for p in (md_path, json_path))
+        size_csv = csv_path.with_name(csv_path.stem + tag + csv_path.suffix) if csv_path is not None else None
+        print(f"cnncompare: batch size {config.batch_size} ({len(points) + 1} of {len(configs)})", file=sys.stderr)
+        reports: list[Any] = []
+        code = max(code, run(config, registry, slots, size_md, size_json, None, size_csv, echo=False,
+                             on_report=reports.append))
+        points.append(SweepPoint(config.batch_size, reports[0], size_md, size_json))
+        final = len(points) == len(configs) or code >= 128
+        chart = write_sweep_chart(points, md_path) if final else None
+        write_atomic(md_path, render_sweep_markdown(points, md_path, chart, final=len(points) == len(configs)))
+        write_atomic(json_path, render_sweep_json(points, md_path))
+        if code >= 128:  # interrupted: the sizes not yet run stay out
+            break
+    print(md_path.read_text(encoding="utf-8"))
+    print(f"cnncompare: wrote the sweep's summary {md_path}, {json_path}", file=sys.stderr)
+    return code
+
+
 def run(config: RunConfig, registry, slots, md_path: Path, json_path: Path, resumed=None,
-        csv_path: Optional[Path] = None) -> int:
+        csv_path: Optional[Path] = None, echo: bool = True, on_report: Callable[[Any], None] = lambda r: None) -> int:
+    """One run: every cell of ``config``, its report written as it goes and at the end
+    (printed when ``echo``); ``on_report`` gets the final ``RunReport``."""
     from .core.fileio import write_atomic
     from .core.report.charts import write_charts
     from .core.report.data import render_csv, render_json
@@ -366,7 +419,9 @@ def run(config: RunConfig, registry, slots, md_path: Path, json_path: Path, resu
         report.notes.append(f"charts could not be drawn: {type(exc).__name__}: {exc}")
     markdown = render_markdown(report, charts, final=True)
     write(report, markdown)
-    print(markdown)
+    on_report(report)
+    if echo:
+        print(markdown)
     written = ", ".join(str(p) for p in (md_path, json_path, csv_path) if p is not None)
     print(f"cnncompare: wrote {written}" + (f" and {len(charts)} charts" if charts else ""), file=sys.stderr)
     return exit_code

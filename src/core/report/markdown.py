@@ -376,7 +376,9 @@ HOW_TO_READ = """\
 """
 
 
-def _run_line(report: RunReport) -> str:
+def _run_line(report: RunReport, batch: Optional[str] = None) -> str:
+    """Who measured what where: the machine, torch, the workload and the protocol. ``batch``
+    replaces the config's batch size (a sweep's sizes)."""
     env, config = report.environment, report.config
     gpus = ", ".join(g["name"] for g in env.get("gpus") or [])
     workload = config.workload
@@ -386,7 +388,7 @@ def _run_line(report: RunReport) -> str:
         f"torch {md_cell(env.get('torch'))}, on {md_cell(env.get('cpu'))} ({env.get('threads')} threads)"
         + (f" and {md_cell(gpus)}" if gpus else "") + ". "
         f"Workload **{md_cell(workload.name)}**" + (f" ({md_cell(options)})" if options else "")
-        + f", batch {config.batch_size} {md_cell(workload.sample_unit)}s, "
+        + f", batch {batch or config.batch_size} {md_cell(workload.sample_unit)}s, "
         f"{config.warmup} warm-up + {config.steps} measured steps per cell"
         + (f" and round, {config.rounds} rounds" if config.rounds > 1 else "")
         + (f"; C allocator: `--malloc {md_cell(config.malloc)}`" if config.malloc != "system" else "")
