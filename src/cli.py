@@ -440,13 +440,25 @@ def compare_command(argv: list[str]) -> int:
                    help="exit 1 when a cell ok in both runs got slower by more than PCT percent (a CI gate)")
     p.add_argument("--alpha", type=_bounded_float("--alpha", lambda v: 0 < v < 1, "between 0 and 1"), default=DEFAULT_ALPHA,
                    help=f"significance level of the rank test (default: {DEFAULT_ALPHA})")
+    p.add_argument("--any-workload", action="store_true",
+                   help="compare runs of different workloads (or of one workload with other options) cell by cell")
     args = p.parse_args(argv)
     base, new = _load_report("base", args.base), _load_report("new", args.new)
+    a, b = base.config.workload, new.config.workload
+    if (a.name, dict(a.options)) != (b.name, dict(b.options)) and not args.any_workload:
+        what = (f"{a.name} vs {b.name}" if a.name != b.name else
+                f"{a.name} with other options ({_options_text(a.options)} vs {_options_text(b.options)})")
+        raise UsageError(f"the runs trained different workloads ({what}); their step times measure different "
+                         f"work (--any-workload compares them anyway)")
     cells = compare_runs(base, new)
     print(render_comparison(base, new, cells, args.alpha, args.fail_above), end="")
     if args.fail_above is not None and regressions(cells, args.fail_above):
         return EXIT_HARNESS  # 1: the gate failed
     return EXIT_OK
+
+
+def _options_text(options) -> str:
+    return ", ".join(f"{k}={v}" for k, v in options.items()) or "none"
 
 
 def report_command(argv: list[str]) -> int:
@@ -483,7 +495,11 @@ def _load_report(option: str, path: Path):
     from .core.results import RunReport
 
     try:
-        return RunReport.from_json(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        if '"kind": "batch-size sweep"' in text:
+            raise UsageError(f"{option}: {str(path)!r} is a batch-size sweep's summary; use one size's report "
+                             f"beside it ({path.stem}-bs<N>.json)")
+        return RunReport.from_json(text)
     except FileNotFoundError:
         raise UsageError(f"{option}: {str(path)!r} does not exist") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -512,6 +528,8 @@ def render_list(registry, slots) -> str:
                  for name, w in registry.workloads.items()]
     text += "\n\n" + tabulate(workloads, headers=["workload", "plugin", "sample", "options (defaults)", "description"],
                               tablefmt="simple")
+    text += ("\n\nAlso: --workload torchvision:<model> or timm:<model> (when the library is installed), and your "
+             "own model as FILE.py:FUNCTION or MODULE:FUNCTION (docs/workloads.md).")
     broken = [f"  {p.name}: {p.error}" for p in registry.broken]
     if broken:
         text += "\n\nplugins not loaded:\n" + "\n".join(broken)

@@ -26,7 +26,7 @@ DRIVER = Path(__file__).parent / "run_cli_with_test_plugins.py"
 
 def test_seed_cnn_is_the_builtin_default_workload():
     reg = load_registry(entry_points=False)
-    assert list(reg.workloads) == ["seed-cnn"]
+    assert list(reg.workloads) == ["seed-cnn", "resnet", "transformer"]
     assert reg.workload_origin["seed-cnn"] == "cnncompare.workloads.seed_cnn"
     assert RunConfig().workload.name == "seed-cnn"
 
@@ -96,7 +96,7 @@ def _cli(capsys, *argv):
 
 
 @pytest.mark.parametrize("argv, fragment", [
-    (["--workload", "nope"], "--workload: unknown workload 'nope'; known: seed-cnn"),
+    (["--workload", "nope"], "--workload: unknown workload 'nope'; known: seed-cnn, resnet, transformer"),
     (["--image-size", "0"], "--image-size: must be positive, got 0"),
 ])
 def test_bad_workload_input_is_one_line_and_exit_2(capsys, argv, fragment):

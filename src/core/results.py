@@ -23,7 +23,11 @@ from .stats import StepStats
 #: 3: per-phase memory peaks (``*_warmup_mb``, ``cuda_peak_*_steady_mb``; ``peak_rss_steady_mb``
 #: is the measured steps' alone), ``workers_peak_rss_mb``, ``peak_precision``, ``compile_threads``
 #: as the cell found it (null where dynamo never ran). 2: the relative parity rule and rounds.
-SCHEMA_VERSION = 3
+#: 4: the config's workload says what throughput counts (``throughput_unit``, ``units_per_sample``:
+#: tokens for the transformer), and ``images_per_s`` / ``global_images_per_s`` are in that unit;
+#: older reports read as one sample per unit. (A batch-size sweep's summary JSON carries the same
+#: version with ``"kind": "batch-size sweep"``.)
+SCHEMA_VERSION = 4
 
 #: Environment keys that must match for two runs to be comparable cell by cell.
 #: (The thread count is the config's, compared there.)
@@ -137,7 +141,7 @@ class RunReport:
 
     @classmethod
     def from_dict(cls, data: dict) -> "RunReport":
-        if data.get("schema_version") not in (1, 2, SCHEMA_VERSION):
+        if data.get("schema_version") not in (1, 2, 3, SCHEMA_VERSION):
             raise ValueError(f"unsupported schema_version {data.get('schema_version')!r} (expected {SCHEMA_VERSION})")
         data = _upgrade(dict(data))
         config = RunConfig.from_dict(data.pop("config"))

@@ -19,12 +19,12 @@ def find(name: str, registered: Mapping[str, Any]) -> tuple[Any, str]:
     library, or the user's file). Raises ``WorkloadError`` (one line) when it can't be had."""
     if name in registered:
         return registered[name], ""
-    prefix, sep, rest = name.partition(":")
+    prefix, sep, _ = name.partition(":")
     if sep and prefix in ("torchvision", "timm"):
         from .library import LibraryWorkload
 
         return LibraryWorkload(name), prefix
-    if sep and rest:
+    if sep:
         from .factory import FactoryWorkload
 
         workload = FactoryWorkload(name)
