@@ -45,7 +45,8 @@ def test_builtins_register_through_the_hook_in_order():
     assert curated(reg) == BUILTINS
     assert reg.origin["compile"] == "cnncompare.backends.inductor"
     hooks = {p.name: p.hooks for p in reg.plugins}
-    assert hooks.pop("cnncompare.workloads.seed_cnn") == ["cnncompare_register_workloads"]
+    for workload in ("seed_cnn", "resnet", "transformer"):
+        assert hooks.pop(f"cnncompare.workloads.{workload}") == ["cnncompare_register_workloads"]
     assert all(h == ["cnncompare_register_backends"] for h in hooks.values())
 
 

@@ -74,7 +74,7 @@ def _row(name, samples, status=Status.OK, rounds=None):
 
 
 def _verdict(*rows):
-    stats.derive(rows, batch_size=1)
+    stats.derive(rows, units_per_step=1)
     return stats.verdict("cpu", rows)
 
 

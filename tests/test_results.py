@@ -38,7 +38,7 @@ def test_speedup_is_eager_over_backend_and_break_even_counts_steps():
     eager = _cell("eager", 1.0, compile_s=0.0, first=1.2)
     fast = _cell("fast", 0.5, compile_s=10.0, first=20.0)  # one-off 10 + 19.5, eager's 0.2
     slow = _cell("slow", 2.0, compile_s=1.0)
-    derive([eager, fast, slow], batch_size=128)
+    derive([eager, fast, slow], units_per_step=128)
     assert fast.speedup_vs_eager == 2.0
     assert slow.speedup_vs_eager == 0.5  # slower shows below 1, never clipped
     assert fast.break_even_steps == math.ceil((10.0 + 19.5 - 0.2) / 0.5)
@@ -50,7 +50,7 @@ def test_speedup_is_eager_over_backend_and_break_even_counts_steps():
 def test_cheaper_and_faster_breaks_even_at_once():
     eager = _cell("eager", 1.0, compile_s=0.5)
     fast = _cell("fast", 0.9, compile_s=0.0)
-    derive([eager, fast], batch_size=1)
+    derive([eager, fast], units_per_step=1)
     assert fast.break_even_steps == 0
 
 
@@ -59,7 +59,7 @@ def test_break_even_counts_the_warm_up_steps_beyond_steady_ones():
     eager.warmup_s = [1.0, 1.0]
     graphs = _cell("graphs", 0.5, compile_s=2.0)  # records CUDA graphs in its warm-up: 3 s beyond 2 steady steps
     graphs.warmup_s = [3.0, 1.0]
-    derive([eager, graphs], batch_size=1)
+    derive([eager, graphs], units_per_step=1)
     assert graphs.break_even_steps == math.ceil((2.0 + (4.0 - 2 * 0.5)) / 0.5)
 
 
@@ -76,11 +76,11 @@ def test_break_even_agrees_with_the_speedup_over_rounds():
     # two rounds of three (drift moved eager's): the speedup is below 1, so there is no break-even.
     eager = _rounds("eager", [[1.2] * 3, [0.9] * 3, [1.0] * 3])
     backend = _rounds("other", [[1.25] * 3, [0.95] * 3, [0.97] * 3])
-    derive([eager, backend], batch_size=1)
+    derive([eager, backend], units_per_step=1)
     assert backend.step_s.median < eager.step_s.median and backend.speedup_vs_eager < 1
     assert backend.break_even_steps is None
     faster = _rounds("faster", [[0.6] * 3, [0.45] * 3, [0.5] * 3], compile_s=5.0)
-    derive([eager, faster], batch_size=1)
+    derive([eager, faster], units_per_step=1)
     assert faster.speedup_vs_eager == pytest.approx(2.0)
     assert faster.break_even_steps == math.ceil(5.0 / (1.0 * (1 - 1 / faster.speedup_vs_eager)))
 
@@ -89,11 +89,11 @@ def test_memory_vs_eager_compares_steady_peaks_not_one_off_ones():
     eager, tuned = _cell("eager", 1.0), _cell("tuned", 0.5)
     eager.cuda_peak_allocated_steady_mb, eager.cuda_peak_allocated_mb = 100.0, 120.0
     tuned.cuda_peak_allocated_steady_mb, tuned.cuda_peak_allocated_mb = 50.0, 900.0  # autotuning's one-off peak
-    derive([eager, tuned], batch_size=1)
+    derive([eager, tuned], units_per_step=1)
     assert tuned.memory_ratio_vs_eager == 2.0
     old_eager, old = _cell("eager", 1.0), _cell("old", 1.0)  # a report from before the phases: lifetime peaks
     old_eager.peak_rss_mb, old.peak_rss_mb = 300.0, 200.0
-    derive([old_eager, old], batch_size=1)
+    derive([old_eager, old], units_per_step=1)
     assert old.memory_ratio_vs_eager == 1.5
 
 
@@ -112,7 +112,7 @@ def test_no_speedup_without_ok_eager_on_the_same_device_or_for_failed_rows():
     eager_gpu = _cell("eager", 1.0, device="cuda:0")
     other = _cell("fast", 0.5, device="cpu")
     wrong = _cell("wrong", 0.1, status=Status.FAIL_ACCURACY, device="cuda:0")
-    derive([eager_gpu, other, wrong], batch_size=4)
+    derive([eager_gpu, other, wrong], units_per_step=4)
     assert other.speedup_vs_eager is None
     assert wrong.speedup_vs_eager is None and wrong.images_per_s == 40.0
 
