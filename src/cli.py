@@ -180,7 +180,7 @@ def _main(argv: list[str]) -> int:
     slots = devmod.resolve_devices(device_parts)
     if len(configs) > 1:
         return sweep(configs, registry, slots, md_path, json_path, csv_path)
-    return run(config, registry, slots, md_path, json_path, resumed, csv_path)
+    return run(config, registry, slots, md_path, json_path, resumed, csv_path)[0]
 
 
 def _registry():
@@ -343,12 +343,16 @@ def sweep(configs: list[RunConfig], registry, slots, md_path: Path, json_path: P
         size_md, size_json = (p.with_name(p.stem + tag + p.suffix) for p in (md_path, json_path))
         size_csv = csv_path.with_name(csv_path.stem + tag + csv_path.suffix) if csv_path is not None else None
         print(f"cnncompare: batch size {config.batch_size} ({len(points) + 1} of {len(configs)})", file=sys.stderr)
-        reports: list[Any] = []
-        code = max(code, run(config, registry, slots, size_md, size_json, None, size_csv, echo=False,
-                             on_report=reports.append))
-        points.append(SweepPoint(config.batch_size, reports[0], size_md, size_json))
+        size_code, report = run(config, registry, slots, size_md, size_json, None, size_csv, echo=False)
+        code = max(code, size_code)
+        points.append(SweepPoint(config.batch_size, report, size_md, size_json))
         final = len(points) == len(configs) or code >= 128
-        chart = write_sweep_chart(points, md_path) if final else None
+        chart = None
+        if final:
+            try:
+                chart = write_sweep_chart(points, md_path)
+            except Exception as exc:  # a chart is not worth losing the summary for
+                print(f"cnncompare: the sweep's chart could not be drawn: {type(exc).__name__}: {exc}", file=sys.stderr)
         write_atomic(md_path, render_sweep_markdown(points, md_path, chart, final=len(points) == len(configs)))
         write_atomic(json_path, render_sweep_json(points, md_path))
         if code >= 128:  # interrupted: the sizes not yet run stay out
@@ -359,9 +363,9 @@ def sweep(configs: list[RunConfig], registry, slots, md_path: Path, json_path: P
 
 
 def run(config: RunConfig, registry, slots, md_path: Path, json_path: Path, resumed=None,
-        csv_path: Optional[Path] = None, echo: bool = True, on_report: Callable[[Any], None] = lambda r: None) -> int:
-    """One run: every cell of ``config``, its report written as it goes and at the end
-    (printed when ``echo``); ``on_report`` gets the final ``RunReport``."""
+        csv_path: Optional[Path] = None, echo: bool = True) -> tuple[int, Any]:
+    """One run: every cell of ``config``, its report written as it goes and at the end (printed
+    when ``echo``). Returns the exit code and the final ``RunReport``."""
     from .core.fileio import write_atomic
     from .core.report.charts import write_charts
     from .core.report.data import render_csv, render_json
@@ -419,12 +423,11 @@ def run(config: RunConfig, registry, slots, md_path: Path, json_path: Path, resu
         report.notes.append(f"charts could not be drawn: {type(exc).__name__}: {exc}")
     markdown = render_markdown(report, charts, final=True)
     write(report, markdown)
-    on_report(report)
     if echo:
         print(markdown)
     written = ", ".join(str(p) for p in (md_path, json_path, csv_path) if p is not None)
     print(f"cnncompare: wrote {written}" + (f" and {len(charts)} charts" if charts else ""), file=sys.stderr)
-    return exit_code
+    return exit_code, report
 
 
 def compare_command(argv: list[str]) -> int:

@@ -31,7 +31,7 @@ class SweepPoint:
     json_path: Path
 
 
-def _throughput(report: RunReport, device: str, backend: str):
+def _row(report: RunReport, device: str, backend: str):
     return next((r for r in report.rows(device) if r.backend == backend), None)
 
 
@@ -56,7 +56,7 @@ def render_sweep_markdown(points: list[SweepPoint], md_path: Path, chart: Option
         for backend in backends:
             row = [md_cell(backend)]
             for p in points:
-                r = _throughput(p.report, device, backend)
+                r = _row(p.report, device, backend)
                 if r is None:
                     row.append("–")
                 elif r.status != Status.OK or r.images_per_s is None:
@@ -109,7 +109,7 @@ def write_sweep_chart(points: list[SweepPoint], md_path: Path) -> Optional[str]:
         for backend in backends:
             xs, ys = [], []
             for p in points:
-                r = _throughput(p.report, device, backend)
+                r = _row(p.report, device, backend)
                 if r is not None and r.status == Status.OK and r.images_per_s:
                     xs.append(p.batch_size)
                     ys.append(r.images_per_s)
