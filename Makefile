@@ -15,7 +15,7 @@ BIN := $(VENV)/bin
 
 .PHONY: report test clean-venv
 
-$(BIN)/.installed: pyproject.toml plugins/cnncompare-amp/pyproject.toml Makefile
+$(BIN)/.installed: pyproject.toml plugins/cnncompare-amp/pyproject.toml plugins/cnncompare-onnxruntime/pyproject.toml Makefile
 	@if $(PYTHON) -c "import torch" 2>/dev/null; then \
 		echo "using the system's torch: $$($(PYTHON) -c 'import torch; print(torch.__version__)')"; \
 		$(PYTHON) -m venv --system-site-packages $(VENV) && \
@@ -24,11 +24,11 @@ $(BIN)/.installed: pyproject.toml plugins/cnncompare-amp/pyproject.toml Makefile
 	else \
 		$(PYTHON) -m venv $(VENV) && $(BIN)/python -m pip install -q "$(TORCH)"; \
 	fi
-	$(BIN)/python -m pip install -q -e ".[test,plot]" -e plugins/cnncompare-amp
+	$(BIN)/python -m pip install -q -e ".[test,plot]" -e plugins/cnncompare-amp -e plugins/cnncompare-onnxruntime
 	@touch $@
 
 # The main job: every backend on every device at the default (seed) config,
-# with the worked-example plugin (plugins/cnncompare-amp) installed.
+# with the plugins under plugins/ installed (cnncompare-amp; cnncompare-onnxruntime, inference only).
 report: $(BIN)/.installed
 	$(BIN)/cnncompare $(ARGS)
 

@@ -447,6 +447,9 @@ def compare_command(argv: list[str]) -> int:
                    help="compare runs of different workloads (or of one workload with other options) cell by cell")
     args = p.parse_args(argv)
     base, new = _load_report("base", args.base), _load_report("new", args.new)
+    if base.config.mode != new.config.mode:
+        raise UsageError(f"the runs measured different modes ({base.config.mode} vs {new.config.mode}): a training "
+                         f"step and a forward are different work")
     a, b = base.config.workload, new.config.workload
     if (a.name, dict(a.options)) != (b.name, dict(b.options)) and not args.any_workload:
         what = (f"{a.name} vs {b.name}" if a.name != b.name else
@@ -524,8 +527,10 @@ def render_list(registry, slots) -> str:
             reason = slot.unavailable or base.unavailable_reason(backend, torch.device(slot.name))
             availability.append(f"{slot.name}: {'yes' if not reason else 'no (' + reason + ')'}")
         in_all = "yes" if base.in_all(backend) else "no"
-        rows.append([name, registry.origin[name], in_all, base.description(backend), "; ".join(availability)])
-    text = tabulate(rows, headers=["backend", "plugin", "in all", "description", "devices"], tablefmt="simple")
+        rows.append([name, registry.origin[name], in_all, ", ".join(base.modes(backend)), base.description(backend),
+                     "; ".join(availability)])
+    text = tabulate(rows, headers=["backend", "plugin", "in all", "modes", "description", "devices"],
+                    tablefmt="simple")
     workloads = [[name + (" (default)" if name == DEFAULT_WORKLOAD else ""), registry.workload_origin[name],
                   w.sample_unit, ", ".join(f"{k}={v}" for k, v in w.options.items()) or "–", description(w)]
                  for name, w in registry.workloads.items()]

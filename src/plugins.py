@@ -30,6 +30,7 @@ BUILTIN_PLUGINS = (
     "cnncompare.backends.torchscript",
     "cnncompare.backends.inductor",
     "cnncompare.backends.dynamo_bridge",
+    "cnncompare.backends.deploy",
     "cnncompare.workloads.seed_cnn",
     "cnncompare.workloads.resnet",
     "cnncompare.workloads.transformer",

@@ -1,4 +1,5 @@
-"""Backends that compute something else, written only from the documented backend contract.
+"""Backends that compute something else, written only from the documented backend contract
+(training's, then inference's).
 
 Each must end ``fail_accuracy``: the parity check exists to catch exactly these.
 Importable (the cell's child unpickles them) and registered as a plugin module.
@@ -96,7 +97,47 @@ class SkipFirstUpdate:
 WRONG = (GradTimes1_1, OtherBetas, StaleAfterStep2, FrozenBatchNorm, SkipFirstUpdate)
 
 
+# Inference (--mode inference): forwards that compute something else.
+
+class ScaledOutput:
+    """Outputs 10 % too large: a wrong deploy path."""
+
+    name = "wrong-output-x1.1"
+
+    def compile(self, model, example, device):
+        return lambda x: model(x) * 1.1
+
+
+class RunsInTrainMode:
+    """Forgets model.eval(): BatchNorm normalises with the batch and moves its running statistics."""
+
+    name = "wrong-train-mode"
+
+    def compile(self, model, example, device):
+        return model.train()
+
+
+class StaleOutput:
+    """Replays its first output from the second step on (a stale graph replay)."""
+
+    name = "wrong-stale-output"
+
+    def compile(self, model, example, device):
+        first = {}
+
+        def forward(x):
+            if "out" not in first:
+                first["out"] = model(x)
+                return first["out"]
+            return first["out"] * 1.0001 + 0.5  # whatever it replays, it is not this step's forward
+
+        return forward
+
+
+WRONG_INFERENCE = (ScaledOutput, RunsInTrainMode, StaleOutput)
+
+
 @cnncompare.hookimpl
 def cnncompare_register_backends(register):
-    for cls in WRONG:
+    for cls in WRONG + WRONG_INFERENCE:
         register(cls())

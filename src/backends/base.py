@@ -95,6 +95,19 @@ class Backend(Protocol):
         same steps is at most 5 x fp32 eager's own + this. Raise it for
         reduced precision, and say why in ``description``; it must stay
         small enough to catch a skipped update and a 10 % gradient error.
+    ``modes: tuple[str, ...]`` [``("train", "inference")``]
+        The ``--mode`` values the backend applies to; in another its cells
+        are ``skipped`` with the reason. A backend whose difference lives in
+        the training step (``make_optimizer``, ``compile_step``) is
+        ``("train",)``; a deploy path (an exported or frozen graph) is
+        ``("inference",)``.
+    ``inference_context: str`` [``"inference_mode"``]
+        In inference the harness runs each forward under
+        ``torch.inference_mode()``; ``"no_grad"`` asks for
+        ``torch.no_grad()`` instead (for compilers that can't take
+        inference tensors). In inference ``compile`` is called with the
+        model in ``eval()`` mode under ``torch.no_grad()``, and the train-step
+        members above are not used (docs/inference.md).
     ``precision: str`` [``"fp32"``]
         What the step's matmuls and convolutions compute in: ``fp32``,
         ``bf16`` or ``fp16`` (mixed precision under autocast). The row's
@@ -107,6 +120,33 @@ class Backend(Protocol):
 
     def compile(self, model: "torch.nn.Module", example: "torch.Tensor", device: "torch.device") -> Callable[..., Any]:
         ...
+
+
+#: ``inference_context`` values, and the grad mode each names.
+INFERENCE_CONTEXTS = ("inference_mode", "no_grad")
+
+
+def modes(backend: Any) -> tuple[str, ...]:
+    return tuple(getattr(backend, "modes", ("train", "inference")))
+
+
+def mode_reason(backend: Any, mode: str) -> Optional[str]:
+    """Why ``backend`` doesn't apply in ``mode`` (``--mode``), or None."""
+    supported = modes(backend)
+    if mode in supported:
+        return None
+    return f"{getattr(backend, 'name', backend)} runs in {' and '.join(supported) or 'no'} mode only, not {mode}"
+
+
+def inference_context(backend: Any) -> "Any":
+    """The grad mode each inference forward runs under: a fresh context manager."""
+    import torch
+
+    value = str(getattr(backend, "inference_context", "inference_mode"))
+    if value not in INFERENCE_CONTEXTS:
+        raise ValueError(f"backend {getattr(backend, 'name', backend)!r}: inference_context {value!r} is not one of "
+                         f"{', '.join(INFERENCE_CONTEXTS)}")
+    return torch.inference_mode() if value == "inference_mode" else torch.no_grad()
 
 
 def description(backend: Any) -> str:

@@ -31,6 +31,7 @@ class Eager:
 class EagerFused:
     name = "eager-fused"
     description = "eager with Adam(fused=True): one fused kernel for the optimizer update"
+    modes = ("train",)  # its difference is the optimizer
 
     def compile(self, model, example, device):
         return model

@@ -70,6 +70,7 @@ class CompileStep:
 
     name = "compile-step"
     description = "the whole train step (forward, loss, backward, Adam) in one torch.compile, tensor lr"
+    modes = ("train",)  # its difference is the compiled step
     min_warmup = 1
 
     def compile(self, model, example, device):

@@ -45,6 +45,14 @@ MALLOC_POLICIES = ("system", "reuse")
 
 DEFAULT_WORKLOAD = "seed-cnn"
 
+#: ``--mode``: what a cell times. train: forward, loss, backward, Adam (the seed study's step).
+#: inference: one forward of the eval-mode model under inference_mode (docs/inference.md).
+MODES = ("train", "inference")
+
+#: Measured steps per cell and round when ``--steps`` is not given: a forward is cheap, and
+#: inference's latency percentiles need samples (3 rounds of 20: 60 per row).
+DEFAULT_STEPS = {"train": 5, "inference": 20}
+
 
 def malloc_supported(policy: str) -> Optional[str]:
     """None if ``policy`` can be applied in this process's C library, else why not."""
@@ -88,8 +96,8 @@ class WorkloadSpec:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """What one run measures. Defaults are the seed study's (batch 128, 28x28), measured in 3
-    rounds of 5 steps per cell (``--rounds``: see docs/verdicts.md for why those numbers).
+    """What one run measures. Defaults are the seed study's (training, batch 128, 28x28), measured
+    in 3 rounds of 5 steps per cell (``--rounds``: see docs/verdicts.md for why those numbers).
 
     ``backends`` and ``devices`` are resolved names (the CLI expands ``all``
     and patterns); ``threads`` None means every core this process may use,
@@ -99,9 +107,14 @@ class RunConfig:
     backends: tuple[str, ...] = ("eager",)
     devices: tuple[str, ...] = ("cpu",)
     workload: WorkloadSpec = WorkloadSpec()
+    mode: str = option("train", "--mode", "train: forward, loss, backward and Adam per step; inference: one "
+                       "forward of the eval-mode model under inference_mode, with latency percentiles",
+                       choices=MODES)
     batch_size: int = option(128, "--batch-size", "samples per step", minimum=1)
     lr: float = 1e-3
-    steps: int = option(5, "--steps", "measured steps per cell and round", minimum=1)
+    #: None: the mode's default (``DEFAULT_STEPS``), resolved on construction.
+    steps: int = option(None, "--steps", "measured steps per cell and round", minimum=1,
+                        shown_default="5 in training, 20 in inference")
     warmup: int = option(3, "--warmup", "warm-up steps; at least 2 run (parity judges step 3), a backend may ask "
                          "for more", minimum=0)
     rounds: int = option(
@@ -141,6 +154,8 @@ class RunConfig:
         group=DISTRIBUTED, shown_default="--standalone on one node")
 
     def __post_init__(self) -> None:
+        if self.steps is None and self.mode in MODES:
+            object.__setattr__(self, "steps", DEFAULT_STEPS[self.mode])
         for f in flagged_fields():
             if f.metadata["minimum"] is not None and getattr(self, f.name) is not None:
                 _require_int(f.metadata["flag"], getattr(self, f.name), f.metadata["minimum"])
@@ -158,6 +173,9 @@ class RunConfig:
             raise ConfigError("--devices", "no device selected")
 
     def _check_distributed(self) -> None:
+        if self.nproc is not None and self.mode != "train":
+            raise ConfigError("--nproc", f"DistributedDataParallel is a training technique; --mode {self.mode} "
+                              "runs one process per cell")
         if self.node_rank >= self.nnodes:
             raise ConfigError("--node-rank", f"must be below --nnodes {self.nnodes}, got {self.node_rank}")
         if self.nnodes > 1 and self.nproc is None:
@@ -208,6 +226,7 @@ class RunConfig:
         are read as the seed CNN's options, and from before ``--rounds`` as one round."""
         data = dict(data)
         data.setdefault("rounds", 1)
+        data.setdefault("mode", "train")  # reports from before --mode
         if "workload" not in data:
             data["workload"] = {"name": DEFAULT_WORKLOAD, "sample_unit": "image",
                                 "options": {k: data.pop(k) for k in ("image_size", "in_channels", "num_classes")

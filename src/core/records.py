@@ -34,7 +34,8 @@ class Status(str, Enum):
 
 @dataclass
 class Parity:
-    """The backend's training trajectory against float64 eager after the same steps (``cell/parity.py``).
+    """The backend's training trajectory (in inference: its outputs) against float64 eager after
+    the same steps (``cell/parity.py``).
 
     ``step`` is the parity step N (the first after the backend's warm-up); ``tensors`` how many
     tensors were judged: every gradient and buffer after step 1, the loss of
@@ -61,6 +62,9 @@ class Parity:
     eager_weight_rel_error: Optional[float]
     buffer_rel_error: Optional[float] = None
     eager_buffer_rel_error: Optional[float] = None
+    #: Inference (``--mode inference``): the forward's outputs; the training groups are then None.
+    output_rel_error: Optional[float] = None
+    eager_output_rel_error: Optional[float] = None
     worst_tensor: Optional[str] = None
     worst_error: Optional[float] = None
     worst_limit: Optional[float] = None
@@ -75,8 +79,8 @@ class Parity:
     @property
     def max_rel_error(self) -> float:
         """The largest group error (NaN first: a NaN is never hidden behind a finite one)."""
-        errors = [e for e in (self.loss_rel_error, self.grad_rel_error, self.weight_rel_error, self.buffer_rel_error)
-                  if e is not None]
+        errors = [e for e in (self.loss_rel_error, self.grad_rel_error, self.weight_rel_error, self.buffer_rel_error,
+                              self.output_rel_error) if e is not None]
         return math.nan if not errors or any(math.isnan(e) for e in errors) else max(errors)
 
 

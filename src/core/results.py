@@ -27,7 +27,9 @@ from .stats import StepStats
 #: tokens for the transformer), and ``images_per_s`` / ``global_images_per_s`` are in that unit;
 #: older reports read as one sample per unit. (A batch-size sweep's summary JSON carries the same
 #: version with ``"kind": "batch-size sweep"``.)
-SCHEMA_VERSION = 4
+#: 5: the config's ``mode`` (``train`` or ``inference``; older reports read as ``train``), inference
+#: rows' ``latency_p50_s`` / ``latency_p90_s`` / ``latency_p99_s`` and parity's ``output_rel_error``.
+SCHEMA_VERSION = 5
 
 #: Environment keys that must match for two runs to be comparable cell by cell.
 #: (The thread count is the config's, compared there.)
@@ -65,6 +67,10 @@ class CellResult(Measured):
     achieved_gflops: Optional[float] = None
     pct_of_peak: Optional[float] = None
     memory_ratio_vs_eager: Optional[float] = None
+    # Inference only: batch latency percentiles over every measured step of every round.
+    latency_p50_s: Optional[float] = None
+    latency_p90_s: Optional[float] = None
+    latency_p99_s: Optional[float] = None
 
     @classmethod
     def from_record(cls, record: CellRecord, **row: Any) -> "CellResult":
@@ -119,7 +125,8 @@ class RunReport:
         self._derive()
 
     def _derive(self) -> None:
-        stats.derive(self.results, self.config.batch_size * self.config.workload.units_per_sample)
+        stats.derive(self.results, self.config.batch_size * self.config.workload.units_per_sample,
+                     latency=self.config.mode == "inference")
         self.verdicts = {device: stats.verdict(device, self.rows(device)) for device in self.devices()}
 
     def devices(self) -> list[str]:
@@ -141,7 +148,7 @@ class RunReport:
 
     @classmethod
     def from_dict(cls, data: dict) -> "RunReport":
-        if data.get("schema_version") not in (1, 2, 3, SCHEMA_VERSION):
+        if data.get("schema_version") not in (1, 2, 3, 4, SCHEMA_VERSION):
             raise ValueError(f"unsupported schema_version {data.get('schema_version')!r} (expected {SCHEMA_VERSION})")
         data = _upgrade(dict(data))
         config = RunConfig.from_dict(data.pop("config"))

@@ -59,6 +59,15 @@ class StepStats:
     def iqr(self) -> float:
         return self.q3 - self.q1
 
+    def percentile(self, p: float) -> float:
+        """The ``p``-th percentile (0-100) of the samples, interpolating linearly between order
+        statistics (numpy's default): with n samples p99 is near the largest once n < 100."""
+        data = sorted(self.samples)
+        position = (len(data) - 1) * p / 100.0
+        low = math.floor(position)
+        high = min(low + 1, len(data) - 1)
+        return data[low] + (data[high] - data[low]) * (position - low)
+
     @property
     def relative_spread(self) -> float:
         """IQR / median."""
@@ -250,10 +259,15 @@ def _median(r: "CellResult") -> float:
     return r.step_s.median
 
 
-def derive(results: Sequence["CellResult"], units_per_step: int) -> None:
+#: Inference's latency percentiles (``latency_p50_s`` ...): over every measured step of every round.
+LATENCY_PERCENTILES = (50, 90, 99)
+
+
+def derive(results: Sequence["CellResult"], units_per_step: int, latency: bool = False) -> None:
     """Fill the derived figures: throughput (``units_per_step``: the batch in the workload's
     throughput unit, per rank under DDP, over the median step), achieved GFLOP/s and % of peak, and the comparison
     with eager on the same device (speedup, break-even, memory ratio), and DDP's scaling.
+    ``latency`` (inference): each row's batch-latency percentiles (``LATENCY_PERCENTILES``).
 
     speedup_vs_eager = eager median / backend median (>1 is faster), per round and
     then the median over rounds (``speedup_interval``, with ``speedup_ci``), for
@@ -269,6 +283,7 @@ def derive(results: Sequence["CellResult"], units_per_step: int) -> None:
         r.warm_compile_s = _median_later(r.round_compile_s)
         r.warm_first_step_s = _median_later(r.round_first_step_s)
         r.achieved_gflops = r.pct_of_peak = r.memory_ratio_vs_eager = None
+        r.latency_p50_s = r.latency_p90_s = r.latency_p99_s = None
         base = eager.get(r.device)
         if base is not None and r.status == Status.OK:
             r.memory_ratio_vs_eager = memory_ratio(base, r)
@@ -276,6 +291,8 @@ def derive(results: Sequence["CellResult"], units_per_step: int) -> None:
             continue
         median = r.step_s.median
         r.images_per_s = units_per_step / median
+        if latency:
+            r.latency_p50_s, r.latency_p90_s, r.latency_p99_s = (r.step_s.percentile(p) for p in LATENCY_PERCENTILES)
         if r.gflop_per_step:
             r.achieved_gflops = r.gflop_per_step / median
             if r.peak_gflops:

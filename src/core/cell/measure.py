@@ -10,11 +10,11 @@ models, built after every figure is taken, can't inflate the memory figures.
 
 Phases and what a failure in each means:
   compile     backend.compile (+ compile_step)         -> fail_compile
-  first_step  first training step (lazy compilers
+  first_step  first step, training or inference (lazy compilers
               compile here)                            -> fail_compile if the
                                                           compiler raised, else fail_run
   warmup, steps                                        -> fail_run
-  non-finite loss in any step                          -> fail_accuracy
+  non-finite loss (inference: output) in any step      -> fail_accuracy
   parity      the parity step vs float64 eager        -> fail_accuracy
 An out-of-memory error in any phase is ``oom``.
 """
@@ -37,11 +37,11 @@ from ..records import CellRecord, Status
 from . import rank as ddp
 from .diagnostics import DynamoWatch
 from .memory import DescendantsPeak, PhasePeaks, current_rss_mb, per_step_usage, process_usage, use_malloc
-from .parity import compare_with_reference, parity_step, reference_state, snapshot
+from .parity import compare_with_reference, output_snapshot, parity_step, reference_state, snapshot
 from .rank import Rank
 from .roofline import roofline
 from .timing import timed, timed_steps
-from .training import Job, make_optimizer, make_train_step, trained_parameters
+from .training import Job, OutputLog, make_inference_step, make_optimizer, make_train_step, trained_parameters
 
 ERROR_TAIL_LINES = 15
 
@@ -96,6 +96,8 @@ def _prepare(backend: Any, job: Job, device: torch.device, rank: Optional[Rank] 
     the compiled module trains, already on their device (the seed's pitfall).
     Under DDP the compiled module is wrapped before the optimizer is built
     (the wrap is timed with the compile: it is part of the one-off cost).
+    In inference the model is in eval mode, ``compile`` runs under ``no_grad`` and the step is
+    one forward (no optimizer).
     Returns (model, forward, step, x, y, compile_s).
     """
     model = job.build_model(device)
@@ -103,6 +105,9 @@ def _prepare(backend: Any, job: Job, device: torch.device, rank: Optional[Rank] 
     x = base.prepare_input(backend, x)
 
     def compile_and_wrap():
+        if job.inference:  # tracing, freezing and exporting want grad off (docs/inference.md)
+            with torch.no_grad():
+                return backend.compile(model, x, device)
         forward = backend.compile(model, x, device)
         return ddp.wrap(forward, device) if rank else forward
 
@@ -114,6 +119,8 @@ def _prepare(backend: Any, job: Job, device: torch.device, rank: Optional[Rank] 
     with torch.no_grad():
         for b, before in zip(model.buffers(), buffers):
             b.copy_(before)
+    if job.inference:
+        return model, forward, make_inference_step(forward, lambda: base.inference_context(backend)), x, y, compile_s
     params = trained_parameters(forward, model)
     maker = base.optimizer_maker(backend)
     optimizer = maker(params, job.config.lr) if maker else make_optimizer(params, job.config.lr)
@@ -160,7 +167,14 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
     warmup = max(config.warmup, judged - 1)  # the parity step is always a warm-up step
     # Under DDP only global rank 0 writes them (its parity).
     snapshot_paths = [os.path.join(cell_dir, f"parity-step{k}.pt") for k in (1, judged)]
-    losses: list[torch.Tensor] = []
+    # Every step's loss; in inference each forward's largest magnitude, and the last output.
+    losses: list[Any] = OutputLog() if job.inference else []
+
+    def judged_state(model, forward, losses) -> dict[str, torch.Tensor]:
+        if job.inference:
+            return output_snapshot(model, forward, losses.last, len(losses))
+        return snapshot(model, forward, losses)
+
     watch = DynamoWatch().start()
     workers = DescendantsPeak().start()  # compile workers are processes of their own
     phase = "compile"
@@ -184,7 +198,7 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
         if rank:
             spread = ddp.weight_spread(trained_parameters(forward, model))
         if judge and (rank is None or rank.rank == 0):
-            torch.save(snapshot(model, forward, losses), snapshot_paths[0])
+            torch.save(judged_state(model, forward, losses), snapshot_paths[0])
         peaks.reset()
         phase = "warmup"
         on_phase(phase, 0, warmup)
@@ -194,7 +208,7 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
             if judge and 1 + i == judged:  # the parity step's state (untimed; the losses are the ranks' mean under DDP)
                 judged_losses = ddp.mean_losses(losses) if rank else losses
                 if rank is None or rank.rank == 0:
-                    torch.save(snapshot(model, forward, judged_losses), snapshot_paths[1])
+                    torch.save(judged_state(model, forward, judged_losses), snapshot_paths[1])
 
         record.warmup_s = timed_steps(step, x, y, warmup, device, losses, after_warmup_step)
         # Warm-up's peaks are one-off (CUDA-graph recording, recompiles, the parity snapshot):
@@ -236,7 +250,8 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
     bad = [i for i, value in enumerate(values) if not math.isfinite(value)]
     if bad:
         record.status = Status.FAIL_ACCURACY
-        record.error = f"non-finite loss at step {bad[0] + 1} of {len(losses)}"
+        what = "output" if job.inference else "loss"
+        record.error = f"non-finite {what} at step {bad[0] + 1} of {len(losses)}"
         return record
     # Free the measured model before building the references; under DDP also before the process
     # group goes (``ddp.finish``): a DDP module freed after it hangs in gloo's destructor. The

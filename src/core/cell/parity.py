@@ -26,6 +26,11 @@ optimizer, inductor's reordered reductions) needs beyond eager's own error.
 The reference (float64 and fp32 eager, N steps each) is computed once per
 device, parity step and DDP shards per run, by the first cell that needs
 it, and shared through the run's private directory.
+
+In inference (``--mode inference``) the judged state is the forward's output
+after step 1 and step N, and every buffer after each, against float64 and
+fp32 eager's forward of the eval-mode model on the same batch, by the same
+rule (``output_snapshot``, ``eager_outputs``; docs/inference.md).
 """
 from __future__ import annotations
 
@@ -39,7 +44,7 @@ from torch import nn
 
 from ...workloads.factory import WorkloadError
 from ..records import Parity
-from .training import Job, make_optimizer, trained_parameters
+from .training import Job, make_optimizer, output_tensors, trained_parameters
 
 #: A compared tensor passes when rel(backend) <= PARITY_MULTIPLIER * rel(fp32 eager) + rtol.
 #: After a few Adam steps fp32 is chaotic (Adam moves every weight by about lr whatever its
@@ -70,7 +75,7 @@ NOISE_REL = 1e-2
 #: error is 2.2 (measured on torch 2.6 and 2.15: 1.6, above amp-bf16's 0.6 tolerance alone).
 UNIT_ROUNDOFF = {"fp32": 2.0**-24, "bf16": 2.0**-8, "fp16": 2.0**-11}
 
-_GROUPS = ("loss", "grad", "weight", "buffer")
+_GROUPS = ("loss", "grad", "weight", "buffer", "output")
 
 
 def parity_step(min_warmup: int) -> int:
@@ -108,6 +113,34 @@ def snapshot(model: nn.Module, trained: Any, losses: list[torch.Tensor]) -> dict
             state[f"step{step}/weight:{name}"] = p.detach()
     for name, b in zip(buffer_names, buffers):
         state[f"step{step}/buffer:{name}"] = b.detach()
+    return state
+
+
+def output_snapshot(model: nn.Module, trained: Any, output: Any, step: int) -> dict[str, torch.Tensor]:
+    """Inference's judged state after ``step`` forwards, by name (no copies): ``step<k>/output:<i>``
+    for each floating-point tensor of ``output`` (``training.output_tensors``' order) and
+    ``step<k>/buffer:<name>`` for every buffer of the module that ran (BatchNorm's running
+    statistics must not move in eval mode). A module that holds none of them as buffers (a
+    frozen graph inlines them as constants) is judged by its outputs, with ``model``'s buffers."""
+    buffer_names = [name for name, _ in model.named_buffers()]
+    buffers = list(trained.buffers()) if isinstance(trained, nn.Module) else []
+    if len(buffers) != len(buffer_names):
+        buffers = list(model.buffers())
+    state = {f"step{step}/output:{i}": t.detach() for i, t in enumerate(output_tensors(output))}
+    state.update((f"step{step}/buffer:{name}", b.detach()) for name, b in zip(buffer_names, buffers))
+    return state
+
+
+def eager_outputs(job: Job, device: torch.device, dtype: torch.dtype, steps: int) -> dict[str, torch.Tensor]:
+    """Plain eager's inference state in ``dtype``: the eval-mode model's forward of the seeded
+    batch under ``inference_mode``, keyed as after step 1 and after ``steps`` (a forward has no
+    state to carry, so both are the same numbers), copied."""
+    model = job.build_model(device, dtype)
+    x, _ = job.make_batch(device, dtype=dtype)
+    with torch.inference_mode():
+        output = model(x)
+        state = {k: v.clone() for k, v in output_snapshot(model, model, output, 1).items()}
+        state.update((k, v.clone()) for k, v in output_snapshot(model, model, output, steps).items())
     return state
 
 
@@ -176,18 +209,20 @@ def _group(key: str) -> str:
 
 
 def _relative_errors(state: dict, ref: dict, ref_sq: dict[str, float],
-                     noise: frozenset = frozenset()) -> tuple[dict[str, float], dict[str, float]]:
+                     noise: frozenset = frozenset()) -> tuple[dict[str, float], dict[str, Optional[float]]]:
     """Per tensor ``||state - ref|| / ||ref||`` (the absolute norm where ``ref`` is zero), and per
     group (losses, gradients, weights, buffers) the same over the group's elements, ``noise`` left out."""
     per_tensor, group_sq, group_ref = {}, dict.fromkeys(_GROUPS, 0.0), dict.fromkeys(_GROUPS, 0.0)
+    present = {_group(key) for key in ref}
     for key, r in ref.items():
         sq = _sq_norm(state[key], r)
         per_tensor[key] = math.sqrt(sq / ref_sq[key]) if ref_sq[key] > 0 else math.sqrt(sq)
         if key not in noise:
             group_sq[_group(key)] += sq
             group_ref[_group(key)] += ref_sq[key]
-    groups = {g: math.sqrt(group_sq[g] / group_ref[g]) if group_ref[g] > 0 else math.sqrt(group_sq[g])
-              for g in _GROUPS}
+    # A group the mode has no tensors of (gradients in inference, outputs in training) is None.
+    groups = {g: (math.sqrt(group_sq[g] / group_ref[g]) if group_ref[g] > 0 else math.sqrt(group_sq[g]))
+              if g in present else None for g in _GROUPS}
     return per_tensor, groups
 
 
@@ -204,17 +239,23 @@ def reference_state(job: Job, device: torch.device, steps: int, cache_path: Opti
     if cache_path and os.path.exists(cache_path):
         return torch.load(cache_path, map_location=device, weights_only=True, mmap=True)
     start = time.perf_counter()
-    eager = eager_trajectory(job, device, torch.float32, steps, shards)
+
+    def trajectory(dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        return eager_outputs(job, device, dtype, steps) if job.inference else \
+            eager_trajectory(job, device, dtype, steps, shards)
+
+    eager = trajectory(torch.float32)
     if device.type == "mps":  # no float64 on MPS
         name, ref = "float32 eager (MPS has no float64)", eager
     else:
         try:
-            ref = eager_trajectory(job, device, torch.float64, steps, shards)
+            ref = trajectory(torch.float64)
         except Exception as exc:
-            raise WorkloadError(f"workload {job.workload.name!r} can't train in float64 for the parity reference: "
+            raise WorkloadError(f"workload {job.workload.name!r} can't {'run' if job.inference else 'train'} in "
+                                f"float64 for the parity reference: "
                                 f"{type(exc).__name__}: {exc}") from exc
         name = "float64 eager"
-    name += f", {steps} steps"
+    name += " forward (eval mode)" if job.inference else f", {steps} steps"
     if shards > 1:
         name += f" over the same {shards} slices (DDP's averaged gradients, rank 0's buffers)"
     ref_sq = {key: _sq_norm(r) for key, r in ref.items()}
@@ -245,12 +286,13 @@ def limit(eager_error: float, rtol: float, precision: str = "fp32") -> float:
 
 
 def _worst(got: dict, reference: dict, rtol: float,
-           precision: str) -> tuple[float, Optional[str], float, float, dict[str, float]]:
+           precision: str) -> tuple[float, Optional[str], float, float, dict[str, Optional[float]]]:
     """(error ÷ limit, tensor, error, limit) of the tensor nearest its limit, and the group errors."""
     ref = reference["ref"]
     for key, r in ref.items():
         if key not in got or got[key].shape != r.shape:
-            return math.inf, key, math.nan, math.nan, dict.fromkeys(_GROUPS, math.nan)
+            present = {_group(k) for k in ref}
+            return math.inf, key, math.nan, math.nan, {g: math.nan if g in present else None for g in _GROUPS}
     noise = frozenset(reference["noise"])
     errors, groups = _relative_errors(got, ref, reference["ref_sq"], noise)
     worst: tuple[float, Optional[str], float, float] = (0.0, None, 0.0, 0.0)
@@ -294,6 +336,8 @@ def compare_with_reference(got: dict[str, torch.Tensor], reference: dict, rtol: 
         eager_grad_rel_error=eager_groups["grad"],
         eager_weight_rel_error=eager_groups["weight"],
         eager_buffer_rel_error=eager_groups["buffer"],
+        output_rel_error=groups["output"],
+        eager_output_rel_error=eager_groups["output"],
         worst_tensor=key,
         worst_error=error,
         worst_limit=most,

@@ -1,4 +1,4 @@
-"""How far from the hardware: FLOPs of one training step, and a peak to hold them against.
+"""How far from the hardware: FLOPs of one step (training or inference), and a peak to hold them against.
 
 The FLOPs are measured once per device per run, each precision's peak once per device per run
 (by the first cell that needs it), and shared through the run's private directory.
@@ -22,16 +22,21 @@ from .training import Job
 PROBE_SIZE = {"cpu": 1024, "cuda": 8192, "mps": 4096}
 
 
-def train_step_gflop(job: Job, device: torch.device) -> float:
-    """GFLOP of one forward + backward of the workload (torch.utils.flop_counter; Adam's
-    elementwise update is not counted, as flop counters count matmul-class ops)."""
+def step_gflop(job: Job, device: torch.device) -> float:
+    """GFLOP of one step of the workload (torch.utils.flop_counter): forward + backward in
+    training (Adam's elementwise update is not counted, as flop counters count matmul-class
+    ops), the eval-mode forward in inference."""
     from torch.utils.flop_counter import FlopCounterMode
 
     model = job.build_model(device)
     x, y = job.make_batch(device)
     counter = FlopCounterMode(display=False)
-    with counter:
-        job.loss(model(x), y).backward()
+    if job.inference:
+        with counter, torch.inference_mode():
+            model(x)
+    else:
+        with counter:
+            job.loss(model(x), y).backward()
     return counter.get_total_flops() / 1e9
 
 
@@ -83,7 +88,7 @@ def roofline(job: Job, device: torch.device, cache_path: Optional[str],
     label = peak_precision(precision, device)
     if "gflop_per_step" not in data or label not in data["peaks"]:
         if "gflop_per_step" not in data:
-            data["gflop_per_step"] = train_step_gflop(job, device)
+            data["gflop_per_step"] = step_gflop(job, device)
         data["peaks"][label] = peak_gflops(device, label)
         if cache_path:
             write_atomic(cache_path, json.dumps(data))

@@ -1,5 +1,6 @@
 """The step protocol every backend is measured on: the workload's seeded model and batch on a
-device, the optimizer, and one training step (forward, loss, zero_grad, backward, Adam).
+device, the optimizer, and one training step (forward, loss, zero_grad, backward, Adam); in
+inference (``--mode inference``) one forward of the eval-mode model (docs/inference.md).
 
 Everything a backend trains is made here and only here, so every backend
 trains exactly the same thing.
@@ -32,8 +33,12 @@ class Job:
     def __post_init__(self) -> None:
         object.__setattr__(self, "options", resolve_options(self.workload, self.config.workload.options))
 
+    @property
+    def inference(self) -> bool:
+        return self.config.mode == "inference"
+
     def build_model(self, device: torch.device, dtype: torch.dtype = torch.float32) -> nn.Module:
-        """The model with seeded weights, on ``device``, in train mode.
+        """The model with seeded weights, on ``device``, in train mode (eval mode in inference).
 
         Weights are initialised on the CPU from the seed, so every backend and
         device starts from the same numbers.
@@ -41,7 +46,7 @@ class Job:
         torch.manual_seed(self.config.seed)
         with self._naming("build_model"):
             model = self.workload.build_model(self.options)
-        return model.to(device=device, dtype=dtype).train()
+        return model.to(device=device, dtype=dtype).train(not self.inference)
 
     def make_batch(self, device: torch.device, shard: int = 0, shards: int = 1,
                    dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,3 +105,38 @@ def make_train_step(forward: Callable, optimizer: torch.optim.Optimizer, loss_fn
         return loss.detach()
 
     return train_step
+
+
+def make_inference_step(forward: Callable, grad_mode: Callable[[], Any]) -> Callable:
+    """Inference's step: one forward under ``grad_mode()`` (``torch.inference_mode`` unless the
+    backend asks for ``no_grad``); returns the output. ``y`` is unused: no loss is computed."""
+
+    def infer(x: torch.Tensor, y: torch.Tensor) -> Any:
+        with grad_mode():
+            return forward(x)
+
+    return infer
+
+
+def output_tensors(output: Any) -> list[torch.Tensor]:
+    """The floating-point tensors of a forward's output (a tensor, or a tuple, list or dict of
+    them), in a fixed order: what inference's parity compares."""
+    from torch.utils import _pytree
+
+    return [t for t in _pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+class OutputLog(list):
+    """Inference's stand-in for the list of losses: per step, the output's largest magnitude as a
+    0-d float tensor (NaN or inf when any element is, so the same finiteness check applies), and
+    the last output whole in ``last`` (parity snapshots it before the next step can overwrite
+    it, as a CUDA-graph replay does). Appended outside the timed region."""
+
+    last: Any = None
+
+    def append(self, output: Any) -> None:
+        self.last = output
+        leaves = output_tensors(output)
+        if not leaves:
+            raise TypeError(f"the model's forward returned no floating-point tensor ({type(output).__name__})")
+        super().append(torch.stack([t.detach().abs().amax().float() for t in leaves]).amax())

@@ -80,6 +80,9 @@ def _device_table(results: list[CellResult], config: RunConfig) -> str:
     headers = ["backend", "status", "step median (s)", "IQR (s)", _per_s(config), "speedup vs eager",
                "compile (s)", "first step (s)", "break-even (steps)",
                "peak RSS steady / one-off (MB)" if phases else "peak RSS (MB)"]
+    latency = any(r.latency_p50_s is not None for r in results)
+    if latency:
+        headers.insert(4, "latency p50 / p90 / p99 (ms)")
     if cuda:
         headers += ["CUDA peak alloc steady / one-off (MB)", "CUDA peak reserved (MB)"]
     headers.append("parity (worst ÷ limit)" if any(r.parity and r.parity.margin is not None for r in results)
@@ -100,6 +103,9 @@ def _device_table(results: list[CellResult], config: RunConfig) -> str:
             _steady_and_one_off(r.peak_rss_steady_mb, one_off_peak(r.peak_rss_first_step_mb, r.peak_rss_warmup_mb),
                                 r.peak_rss_mb),
         ]
+        if latency:
+            row.insert(4, " / ".join(_num(v * 1000 if v is not None else None)
+                                     for v in (r.latency_p50_s, r.latency_p90_s, r.latency_p99_s)))
         if cuda:
             row += [_steady_and_one_off(r.cuda_peak_allocated_steady_mb,
                                         one_off_peak(r.cuda_peak_allocated_first_step_mb,
@@ -199,16 +205,25 @@ def _parity_table(results: list[CellResult]) -> Optional[str]:
         p = r.parity
         if p is None or p.margin is None:
             continue
-        groups = " / ".join(_num(e, 2) for e in (p.loss_rel_error, p.grad_rel_error, p.weight_rel_error,
-                                                   p.buffer_rel_error))
+        groups = " / ".join(_num(e, 2) for e in _parity_groups(p).values())
         rows.append([md_cell(r.backend), "pass" if p.passed else "FAIL", f"{p.margin:.2f}",
                      md_cell(p.worst_tensor or "–"), _num(p.worst_error, 2), _num(p.worst_limit, 2),
                      str(p.step), f"{p.tensors} ({len(p.not_judged)} noise)", groups])
     if not rows:
         return None
+    first = next(r.parity for r in results if r.parity is not None and r.parity.margin is not None)
     return tabulate(rows, headers=["backend", "parity", "worst ÷ limit", "worst tensor", "its error", "its limit",
-                                   "parity step", "tensors judged", "loss / grad / weight / buffer rel. error"],
+                                   "parity step", "tensors judged",
+                                   " / ".join(_parity_groups(first)) + " rel. error"],
                     tablefmt="github", disable_numparse=True)
+
+
+def _parity_groups(p: Any) -> dict[str, Optional[float]]:
+    """The error groups a parity record judges: a training step's, or inference's outputs."""
+    if p.output_rel_error is not None:
+        return {"output": p.output_rel_error, "buffer": p.buffer_rel_error}
+    return {"loss": p.loss_rel_error, "grad": p.grad_rel_error, "weight": p.weight_rel_error,
+            "buffer": p.buffer_rel_error}
 
 
 def _parity_cost_line(rows: list[CellResult]) -> str:
@@ -347,7 +362,7 @@ HOW_TO_READ = """\
   compile and warm-up) is under **compile workers**, with their count (torch's default unless
   `--compile-threads`).
 - **achieved GFLOP/s, % of peak**: the step's FLOPs (torch.utils.flop_counter, forward +
-  backward) ÷ the median step time, against the best rate of a matmul probe on the same device in
+  backward; the forward alone in inference) ÷ the median step time, against the best rate of a matmul probe on the same device in
   the row's own precision (in brackets): fp32; tf32 for fp32 rows on CUDA where torch allows TF32
   for matmuls or convolutions (cuDNN's convolutions do by default); bf16/fp16 for mixed-precision
   rows. How far from the hardware the step runs.
@@ -372,7 +387,12 @@ HOW_TO_READ = """\
   worst tensor's error ÷ its limit (≤ 1 passes; the notes name the tensor). Tensors fp32 eager
   itself gets more than 1 % wrong are rounding noise (a conv bias before BatchNorm) and not judged.
   Under DDP the reference trains the same global batch in one process, slice by slice (each rank's
-  BatchNorm sees only its slice), and the ranks must also agree.
+  BatchNorm sees only its slice), and the ranks must also agree. In inference (`--mode inference`)
+  the judged tensors are the forward's outputs and every buffer after step 1 and the parity step,
+  against float64 eager's forward of the eval-mode model, by the same rule.
+- **latency p50 / p90 / p99** (inference): percentiles of the batch latency over every measured
+  step of every round (linear interpolation between order statistics: with fewer than 100
+  samples p99 sits near the slowest step); one step is one batch's forward.
 """
 
 
@@ -388,6 +408,8 @@ def _run_line(report: RunReport, batch: Optional[str] = None) -> str:
         f"torch {md_cell(env.get('torch'))}, on {md_cell(env.get('cpu'))} ({env.get('threads')} threads)"
         + (f" and {md_cell(gpus)}" if gpus else "") + ". "
         f"Workload **{md_cell(workload.name)}**" + (f" ({md_cell(options)})" if options else "")
+        + (", **inference** (one forward of the eval-mode model per step)" if config.mode == "inference"
+           else ", **training** (forward, loss, backward, Adam per step)")
         + f", batch {batch or config.batch_size} {md_cell(workload.sample_unit)}s, "
         f"{config.warmup} warm-up + {config.steps} measured steps per cell"
         + (f" and round, {config.rounds} rounds" if config.rounds > 1 else "")
@@ -424,7 +446,8 @@ def render_markdown(report: RunReport, charts: Optional[list[tuple[str, str]]] =
             peaks = {r.peak_precision or "fp32": r.peak_gflops for r in rows if r.peak_gflops}
             gflop = next((r.gflop_per_step for r in rows if r.gflop_per_step), None)
             probes = ", ".join(f"{precision} {_num(value)}" for precision, value in peaks.items())
-            out += ["", f"Why ({md_cell(device)}): the step is {_num(gflop)} GFLOP (forward + backward); "
+            counted = "forward" if config.mode == "inference" else "forward + backward"
+            out += ["", f"Why ({md_cell(device)}): the step is {_num(gflop)} GFLOP ({counted}); "
                         f"matmul probes reached (GFLOP/s) {probes or '–'} here; each row's % of peak is against "
                         f"its own precision's.{_kernel_time_hint(rows, config)}",
                     "", diagnostics]

@@ -214,7 +214,7 @@ def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunC
 def _unavailable(backend: Any, device: str, config: RunConfig) -> Optional[str]:
     import torch
 
-    reason = base.unavailable_reason(backend, torch.device(device))
+    reason = base.mode_reason(backend, config.mode) or base.unavailable_reason(backend, torch.device(device))
     if reason is None and config.distributed:
         assert config.nproc is not None
         reason = torchrun.unavailable(device, config.nproc)
