@@ -159,7 +159,7 @@ def _main(argv: list[str]) -> int:
         print(render_list(registry, devmod.resolve_devices(device_parts)))
         return EXIT_OK
 
-    backends = _select_backends(args.backends, registry)
+    backends = _select_backends(args.backends, registry, args.mode)
     workload = _select_workload(args, registry)
     sizes = args.batch_size if isinstance(args.batch_size, tuple) else (args.batch_size,)
     try:
@@ -192,8 +192,11 @@ def _registry():
         raise UsageError(str(exc)) from None
 
 
-def _select_backends(spec: str, registry) -> list[str]:
-    """``all`` is every backend whose ``in_all`` is true; other items are names or globs (``dynamo:*``)."""
+def _select_backends(spec: str, registry, mode: str = "train") -> list[str]:
+    """``all`` is every backend whose ``in_all`` is true and that runs in ``mode`` (a training
+    report doesn't list the inference-only deploy paths as skipped, nor an inference report the
+    training-only ones); other items are names or globs (``dynamo:*``), kept whatever their modes
+    so that a backend asked for by name in a mode it lacks is a ``skipped`` row saying why."""
     from fnmatch import fnmatchcase
 
     from .backends import base
@@ -204,7 +207,7 @@ def _select_backends(spec: str, registry) -> list[str]:
     chosen: list[str] = []
     for item in names:
         if item == "all":
-            expanded = [n for n, b in registry.backends.items() if base.in_all(b)]
+            expanded = [n for n, b in registry.backends.items() if base.in_all(b) and mode in base.modes(b)]
         else:
             expanded = [n for n in registry.backends if fnmatchcase(n, item)]
         if not expanded:

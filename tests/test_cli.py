@@ -118,12 +118,17 @@ def test_backend_patterns_and_all_is_the_curated_set():
     from cnncompare.plugins import load_registry
 
     reg = load_registry(entry_points=False)
-    from test_plugins import BUILTINS
+    from test_plugins import BUILTINS, DEPLOY_BUILTINS, TRAIN_BUILTINS
 
-    assert _select_backends("all", reg) == BUILTINS
+    assert _select_backends("all", reg) == TRAIN_BUILTINS
+    assert _select_backends("all", reg, "inference") == [
+        b for b in BUILTINS if b not in ("eager-fused", "compile-step")]
+    # by name a backend is kept in any mode: its row says why it was skipped
+    assert _select_backends("jit-freeze,eager-fused", reg) == ["jit-freeze", "eager-fused"]
+    assert set(DEPLOY_BUILTINS) <= set(_select_backends("*", reg))
     bridged = _select_backends("dynamo:*", reg)
     assert "dynamo:aot_eager" in bridged and all(n.startswith("dynamo:") for n in bridged)
-    assert _select_backends("compile,all,dynamo:aot_eager", reg) == ["compile"] + [b for b in BUILTINS if b != "compile"] + ["dynamo:aot_eager"]
+    assert _select_backends("compile,all,dynamo:aot_eager", reg) == ["compile"] + [b for b in TRAIN_BUILTINS if b != "compile"] + ["dynamo:aot_eager"]
     assert _select_backends("compile-max*", reg) == ["compile-max-autotune", "compile-max-autotune-no-cudagraphs"]
 
 

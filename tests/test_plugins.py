@@ -9,9 +9,13 @@ import cnncompare
 from cnncompare import plugins
 from cnncompare.plugins import PluginError, load_registry
 
-BUILTINS = ["eager", "eager-fused", "channels-last", "jit-trace", "jit-script", "compile", "compile-step",
-            "compile-reduce-overhead", "compile-max-autotune", "compile-max-autotune-no-cudagraphs", "aot-eager",
-            "compile-channels-last"]
+#: The built-ins in registration order; ``all`` in training (the default mode) is every one but the
+#: inference-only deploy paths, and in inference every one but the training-only two.
+TRAIN_BUILTINS = ["eager", "eager-fused", "channels-last", "jit-trace", "jit-script", "compile", "compile-step",
+                  "compile-reduce-overhead", "compile-max-autotune", "compile-max-autotune-no-cudagraphs",
+                  "aot-eager", "compile-channels-last"]
+DEPLOY_BUILTINS = ["jit-freeze", "compile-freezing", "export-aot-inductor"]
+BUILTINS = TRAIN_BUILTINS + DEPLOY_BUILTINS
 
 
 def curated(reg):
