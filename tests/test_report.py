@@ -159,3 +159,20 @@ def test_summary_says_one_step_in_the_singular():
     quick = CellResult(backend="quick", device="cpu", status=Status.OK, compile_s=0.2, first_step_s=0.5,
                        step_s=StepStats.from_samples([0.5, 0.5, 0.5]), parity=_parity())
     assert "repaid after 1 training step." in render_markdown(_report(eager, quick))
+
+
+def test_an_inference_report_speaks_of_forwards_and_shows_a_tiny_margin():
+    eager = CellResult(backend="eager", device="cpu", status=Status.OK, compile_s=0.0, first_step_s=1.0,
+                       step_s=StepStats.from_samples([1.0, 1.0, 1.0]), parity=replace(_parity(), margin=3.4e-6))
+    quick = CellResult(backend="quick", device="cpu", status=Status.OK, compile_s=0.2, first_step_s=0.5,
+                       step_s=StepStats.from_samples([0.5, 0.5, 0.5]), parity=_parity())
+    report = RunReport(environment=dict(ENV), config=replace(CONFIG, mode="inference", batch_size=1),
+                       results=[eager, quick])
+    md = render_markdown(report)
+    assert "batch 1 image," in md and "repaid after 1 forward." in md
+    legend = md.split("## How to read this")[1].split("## Environment")[0]
+    assert "training" not in legend.split("**scaling efficiency**")[0]  # step, first step, break-even
+    assert "one forward of the batch" in legend and "the backend's forward against float64 eager's" in legend
+    assert "pass (3.4e-06)" in md  # not "0.00", which reads as no error at all
+    train = render_markdown(_report(eager, quick))
+    assert "one training step (forward" in train and "the backend's training against float64" in train

@@ -42,6 +42,8 @@ def write_charts(report: RunReport, md_path: Path) -> Optional[list[tuple[str, s
     stem = md_path.with_suffix("")
     written = []
 
+    step = "forward (inference)" if report.config.mode == "inference" else "training step"
+
     # 1. Step time per backend, grouped by device, fastest first, quartile error bars.
     labels, medians, lows, highs, colors = [], [], [], [], []
     devices = list(dict.fromkeys(r.device for r in rows))
@@ -61,9 +63,10 @@ def write_charts(report: RunReport, md_path: Path) -> Optional[list[tuple[str, s
     ax.invert_yaxis()
     if max(medians) / min(medians) > 20:
         ax.set_xscale("log")
-    ax.set_xlabel("seconds per training step (median; bars: first to third quartile)")
+    ax.set_xlabel(f"seconds per {step} (median; bars: first to third quartile)")
     workload = report.config.workload
-    ax.set_title(f"Step time, {workload.name}, batch {report.config.batch_size} {workload.sample_unit}s "
+    size = report.config.batch_size
+    ax.set_title(f"Step time, {workload.name}, batch {size} {workload.sample_unit}{'' if size == 1 else 's'} "
                  "(lower is faster)")
     for i, m in enumerate(medians):
         ax.annotate(f"{m:.3g} s", (m + highs[i], i), xytext=(6, 0), textcoords="offset points", va="center", fontsize=8)
@@ -87,7 +90,7 @@ def write_charts(report: RunReport, md_path: Path) -> Optional[list[tuple[str, s
     left, right = ax.get_xlim()
     ax.set_xlim(left, right * 4)  # room for the labels of the slowest compilers
     ax.set_xlabel("one-off cost: compile, and first step + warm-up beyond steady steps (s, log scale)")
-    ax.set_ylabel("seconds per training step (median)")
+    ax.set_ylabel(f"seconds per {step} (median)")
     ax.set_title("Compile cost against step time\n(lower left wins; lower right pays back only over many steps)",
                  fontsize=11)
     ax.grid(alpha=0.3, which="both")

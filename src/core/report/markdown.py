@@ -60,7 +60,13 @@ def _parity_cell(r: CellResult) -> str:
     verdict = "pass" if p.passed else "FAIL"
     if p.margin is None:  # a report from before margins were recorded
         return f"{verdict} ({p.max_rel_error:.1e})"
-    return f"{verdict} ({p.margin:.2f})"
+    return f"{verdict} ({_margin(p.margin)})"
+
+
+def _margin(value: float) -> str:
+    """worst ÷ limit: two decimals, or two significant digits below 0.01 (a forward's error is ~1e-6
+    of its limit, and "0.00" would read as no error at all)."""
+    return f"{value:.2f}" if value >= 0.01 or value == 0 else f"{value:.1e}"
 
 
 def _sorted(results: list[CellResult]) -> list[CellResult]:
@@ -206,7 +212,7 @@ def _parity_table(results: list[CellResult]) -> Optional[str]:
         if p is None or p.margin is None:
             continue
         groups = " / ".join(_num(e, 2) for e in _parity_groups(p).values())
-        rows.append([md_cell(r.backend), "pass" if p.passed else "FAIL", f"{p.margin:.2f}",
+        rows.append([md_cell(r.backend), "pass" if p.passed else "FAIL", _margin(p.margin),
                      md_cell(p.worst_tensor or "–"), _num(p.worst_error, 2), _num(p.worst_limit, 2),
                      str(p.step), f"{p.tensors} ({len(p.not_judged)} noise)", groups])
     if not rows:
@@ -282,8 +288,9 @@ def _speedup(r: CellResult) -> str:
     return f"{r.speedup_vs_eager:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci and ci[0] != ci[1] else "")
 
 
-def _summary_line(v: Verdict) -> str:
-    """Which backend to pick on this device, what it costs up front, and whether the win is real."""
+def _summary_line(v: Verdict, mode: str = "train") -> str:
+    """Which backend to pick on this device, what it costs up front, and whether the win is real;
+    break-even counted in ``mode``'s steps (training steps, or forwards)."""
     best, device = v.best, md_cell(v.device)
     if best is None or best.step_s is None:
         return f"- **{device}**: no backend finished `ok`."
@@ -305,7 +312,8 @@ def _summary_line(v: Verdict) -> str:
     if best.break_even_steps == 0:
         text += ", with no extra up-front cost"
     elif (steps := best.break_even_steps) is not None:
-        text += f"; its extra compile cost is repaid after {steps} training step{'' if steps == 1 else 's'}"
+        unit = "forward" if mode == "inference" else "training step"
+        text += f"; its extra compile cost is repaid after {steps} {unit}{'' if steps == 1 else 's'}"
     if v.overlaps_eager:
         text += " (its quartiles overlap eager's: within one round's noise)"
     elif v.noisy:
@@ -338,8 +346,35 @@ def _config_table(config: RunConfig) -> str:
     return tabulate(rows, headers=["option", "value"], tablefmt="github", disable_numparse=True)
 
 
+#: What one step is, per mode: the legend's, the run line's and the charts' wording.
+STEP_IS = {
+    "train": "one training step (forward, the workload's loss, zero_grad, backward, Adam)",
+    "inference": "one forward of the batch through the eval-mode model (under `torch.inference_mode()`)",
+}
+
+
+#: What parity judges, per mode (the rule that follows is the same).
+PARITY_JUDGES = {
+    "train": """the backend's training against float64 eager after the same steps:
+  every gradient and buffer (BatchNorm's running statistics and counts) after step 1; every
+  gradient, weight and buffer after the parity step (step 3 for the built-ins: after the backend's
+  warm-up, with Adam's state, CUDA graphs replaying, TorchScript optimised); the loss of every step
+  up to it.""",
+    "inference": """the backend's forward against float64 eager's forward of the eval-mode
+  model on the same batch: the outputs and every buffer (BatchNorm's running statistics, which must
+  not move) after step 1 and after the parity step (step 3 for the built-ins: after the backend's
+  warm-up, CUDA graphs replaying, TorchScript optimised).""",
+}
+
+
+def how_to_read(mode: str) -> str:
+    """The report's legend, worded for ``mode``'s step (a training step or a forward)."""
+    lazy = "forward and backward" if mode == "train" else "the forward"
+    return HOW_TO_READ.format(step=STEP_IS[mode], lazy=lazy, judged=PARITY_JUDGES[mode])
+
+
 HOW_TO_READ = """\
-- **step median / IQR**: seconds per training step (forward, the workload's loss, zero_grad, backward, Adam)
+- **step median / IQR**: seconds per step, {step},
   over the measured steps after warm-up; IQR = third minus first quartile. CPU steps are timed with
   `perf_counter`, CUDA steps with events, so no queued GPU work escapes the timed region.
 - **speedup vs eager**: eager's median ÷ this backend's median on the same device; >1 is faster.
@@ -347,11 +382,11 @@ HOW_TO_READ = """\
   rounds, with its 95 % interval in brackets (Student's t over the rounds' log ratios from 3
   rounds; below that a bootstrap over rounds and steps). The summary
   names a pick only when its interval clears every other row's (eager's is 1.0); else a tie.
-- **compile**: wall time of the backend's `compile` call. **first step**: the first training step,
-  which includes lazy compilation (`torch.compile` compiles here, forward and backward). Caches are
+- **compile**: wall time of the backend's `compile` call. **first step**: the first step,
+  which includes lazy compilation (`torch.compile` compiles here, {lazy}). Caches are
   cold: each cell runs in a fresh process with a fresh inductor cache directory; "(warm …)" is
   the median of later rounds', which reuse the cell's cache.
-- **break-even**: training steps until the backend's extra one-off cost is repaid by its saving
+- **break-even**: steps until the backend's extra one-off cost is repaid by its saving
   per step; – when it is not faster. The one-off cost is compile, plus what the first step and the
   warm-up steps took beyond as many steady steps (lazy compiles, recompiles, CUDA-graph recording,
   TorchScript's profiling runs), minus eager's.
@@ -378,18 +413,12 @@ HOW_TO_READ = """\
   the CUDA graphs inductor recorded and skipped (a CUDA-graph mode with 0 recorded ran without).
 - **scaling efficiency** (with `--nproc`): global images/s ÷ (ranks × single-process images/s);
   **ranks identical**: every rank's weights after the first step equal rank 0's, bit for bit.
-- **parity (worst ÷ limit)**: the backend's training against float64 eager after the same steps:
-  every gradient and buffer (BatchNorm's running statistics and counts) after step 1; every
-  gradient, weight and buffer after the parity step (step 3 for the built-ins: after the backend's
-  warm-up, with Adam's state, CUDA graphs replaying, TorchScript optimised); the loss of every step
-  up to it. Each tensor passes when its norm-relative error ‖x − ref‖ / ‖ref‖ is at most 5 × fp32
-  eager's own plus the backend's relative tolerance (1 % unless it declares more); the figure is the
+- **parity (worst ÷ limit)**: {judged}
+  Each tensor passes when its norm-relative error ‖x − ref‖ / ‖ref‖ is at most 5 × fp32 eager's own plus the backend's relative tolerance (1 % unless it declares more); the figure is the
   worst tensor's error ÷ its limit (≤ 1 passes; the notes name the tensor). Tensors fp32 eager
   itself gets more than 1 % wrong are rounding noise (a conv bias before BatchNorm) and not judged.
   Under DDP the reference trains the same global batch in one process, slice by slice (each rank's
-  BatchNorm sees only its slice), and the ranks must also agree. In inference (`--mode inference`)
-  the judged tensors are the forward's outputs and every buffer after step 1 and the parity step,
-  against float64 eager's forward of the eval-mode model, by the same rule.
+  BatchNorm sees only its slice), and the ranks must also agree.
 - **latency p50 / p90 / p99** (inference): percentiles of the batch latency over every measured
   step of every round (linear interpolation between order statistics: with fewer than 100
   samples p99 sits near the slowest step); one step is one batch's forward.
@@ -403,6 +432,7 @@ def _run_line(report: RunReport, batch: Optional[str] = None) -> str:
     gpus = ", ".join(g["name"] for g in env.get("gpus") or [])
     workload = config.workload
     options = ", ".join(f"{k} {v}" for k, v in workload.options.items())
+    size = batch or str(config.batch_size)
     return (
         f"Measured {md_cell(report.started_at or env.get('date', ''))} with cnncompare {md_cell(env.get('cnncompare'))}, "
         f"torch {md_cell(env.get('torch'))}, on {md_cell(env.get('cpu'))} ({env.get('threads')} threads)"
@@ -410,7 +440,7 @@ def _run_line(report: RunReport, batch: Optional[str] = None) -> str:
         f"Workload **{md_cell(workload.name)}**" + (f" ({md_cell(options)})" if options else "")
         + (", **inference** (one forward of the eval-mode model per step)" if config.mode == "inference"
            else ", **training** (forward, loss, backward, Adam per step)")
-        + f", batch {batch or config.batch_size} {md_cell(workload.sample_unit)}s, "
+        + f", batch {size} {md_cell(workload.sample_unit)}{'' if size == '1' else 's'}, "
         f"{config.warmup} warm-up + {config.steps} measured steps per cell"
         + (f" and round, {config.rounds} rounds" if config.rounds > 1 else "")
         + (f"; C allocator: `--malloc {md_cell(config.malloc)}`" if config.malloc != "system" else "")
@@ -428,7 +458,7 @@ def render_markdown(report: RunReport, charts: Optional[list[tuple[str, str]]] =
     out += ["", "## Summary", ""]
     devices = report.devices()
     for device in devices:
-        out.append(_summary_line(report.verdicts[device]))
+        out.append(_summary_line(report.verdicts[device], config.mode))
     if not devices:
         out.append("No cell finished.")
     if charts:
@@ -458,7 +488,7 @@ def render_markdown(report: RunReport, charts: Optional[list[tuple[str, str]]] =
         scaling = _scaling_table(rows, config)
         if scaling:
             out += ["", _scaling_line(device, rows, config) or "", "", scaling]
-    out += ["", "## How to read this", "", HOW_TO_READ.rstrip()]
+    out += ["", "## How to read this", "", how_to_read(config.mode).rstrip()]
     out += ["", "## Environment", "", _environment_table(env)]
     out += ["", "## Configuration", "", _config_table(config)]
     notes = _notes(report)
@@ -510,7 +540,7 @@ def render_combined(reports: list[RunReport]) -> str:
     out += ["", "## Summary", ""]
     for i, rep in enumerate(reports, 1):
         for device in rep.devices():
-            line = _summary_line(rep.verdicts[device])
+            line = _summary_line(rep.verdicts[device], rep.config.mode)
             out.append(line.replace(f"**{md_cell(device)}**", f"**run {i}, {md_cell(device)}**", 1))
     for i, rep in enumerate(reports, 1):
         for device in rep.devices():
@@ -520,5 +550,6 @@ def render_combined(reports: list[RunReport]) -> str:
     rows = [[md_cell(k)] + [md_cell(_env_value(k, rep.environment.get(k))) for rep in reports] for k in keys]
     out += ["", "## Environments", "", tabulate(rows, headers=[""] + [f"run {i}" for i in range(1, len(reports) + 1)],
                                                    tablefmt="github", disable_numparse=True)]
-    out += ["", "## How to read this", "", HOW_TO_READ.rstrip()]
+    modes = {rep.config.mode for rep in reports}
+    out += ["", "## How to read this", "", how_to_read(modes.pop() if len(modes) == 1 else "train").rstrip()]
     return "\n".join(out).rstrip() + "\n"

@@ -49,7 +49,7 @@ def render_sweep_markdown(points: list[SweepPoint], md_path: Path, chart: Option
     out += ["## Verdict per batch size", ""]
     for p in points:
         for device in p.report.devices():
-            out.append(f"- batch {p.batch_size}: " + _summary_line(p.report.verdicts[device]).lstrip("- "))
+            out.append(f"- batch {p.batch_size}: " + _summary_line(p.report.verdicts[device], p.report.config.mode).lstrip("- "))
     for device in dict.fromkeys(d for p in points for d in p.report.devices()):
         backends = list(dict.fromkeys(r.backend for p in points for r in p.report.rows(device)))
         rows = []
