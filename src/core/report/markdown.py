@@ -414,7 +414,8 @@ HOW_TO_READ = """\
 - **scaling efficiency** (with `--nproc`): global images/s ÷ (ranks × single-process images/s);
   **ranks identical**: every rank's weights after the first step equal rank 0's, bit for bit.
 - **parity (worst ÷ limit)**: {judged}
-  Each tensor passes when its norm-relative error ‖x − ref‖ / ‖ref‖ is at most 5 × fp32 eager's own plus the backend's relative tolerance (1 % unless it declares more); the figure is the
+  Each tensor passes when its norm-relative error ‖x − ref‖ / ‖ref‖ is at most 5 × fp32 eager's
+  own plus the backend's relative tolerance (1 % unless it declares more); the figure is the
   worst tensor's error ÷ its limit (≤ 1 passes; the notes name the tensor). Tensors fp32 eager
   itself gets more than 1 % wrong are rounding noise (a conv bias before BatchNorm) and not judged.
   Under DDP the reference trains the same global batch in one process, slice by slice (each rank's
