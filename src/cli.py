@@ -97,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
                    f"or your own FILE.py:FUNCTION or MODULE:FUNCTION (docs/workloads.md) (default: {DEFAULT_WORKLOAD})")
     p.add_argument("--workload-option", action="append", default=[], metavar="KEY=VALUE",
                    help="a workload option (repeat for several); --list shows each workload's options and defaults")
+    p.add_argument("--backend-option", action="append", default=[], metavar="NAME:KEY=VALUE",
+                   help="an option for one selected backend's configure() (repeat for several), e.g. "
+                   "dynamo:openvino:aot_autograd=true (torch.compile's options); VALUE is read as JSON where it is "
+                   "JSON (true, 3, \"x\"), else as text")
     p.add_argument("--image-size", type=_number("--image-size", int), default=None, metavar="N",
                    help="square image side in pixels, for a workload with an image_size option (default: the "
                    "workload's, 28 for seed-cnn)")
@@ -160,10 +164,12 @@ def _main(argv: list[str]) -> int:
         return EXIT_OK
 
     backends = _select_backends(args.backends, registry, args.mode)
+    backend_options = _backend_options(args.backend_option, backends, registry)
     workload = _select_workload(args, registry)
     sizes = args.batch_size if isinstance(args.batch_size, tuple) else (args.batch_size,)
     try:
         configs = [RunConfig(backends=tuple(backends), devices=tuple(device_parts), workload=workload,
+                             backend_options=backend_options,
                              **{f.name: getattr(args, f.name) for f in flagged_fields()} | {"batch_size": size})
                    for size in sizes]
         configs[0].check_here()
@@ -214,6 +220,32 @@ def _select_backends(spec: str, registry, mode: str = "train") -> list[str]:
             raise UsageError(f"--backends: unknown backend {item!r}; {_known_backends(registry)}")
         chosen += [n for n in expanded if n not in chosen]
     return chosen
+
+
+def _backend_options(items: list[str], selected: list[str], registry) -> dict[str, dict[str, Any]]:
+    """``--backend-option NAME:KEY=VALUE`` items, per backend, each handed to the backend's
+    ``configure`` here first, so an option it refuses ends the command line before any cell."""
+    from .backends import base
+
+    options: dict[str, dict[str, Any]] = {}
+    for item in items:
+        target, sep, text = item.partition("=")
+        name, colon, key = target.rpartition(":")
+        if not sep or not colon or not name or not key.strip():
+            raise UsageError(f"--backend-option: expected NAME:KEY=VALUE, got {item!r}")
+        if name not in selected:
+            raise UsageError(f"--backend-option {name}: not among the selected backends ({', '.join(selected)})")
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        options.setdefault(name, {})[key.strip()] = value
+    for name, given in options.items():
+        try:
+            base.configure(registry.backends[name], given)
+        except (ValueError, TypeError) as exc:
+            raise UsageError(f"--backend-option {name}: {exc}") from None
+    return options
 
 
 def _known_backends(registry) -> str:

@@ -73,6 +73,23 @@ class WrongNumbers:
         return lambda x: model(x) * 1.05
 
 
+class Scaled:
+    """Takes ``--backend-option scaled:factor=F`` and multiplies the outputs by it (1 by default:
+    correct), so a wrong factor failing parity proves the option reached the cell."""
+
+    name = "scaled"
+    factor = 1.0
+
+    def configure(self, options):
+        unknown = set(options) - {"factor"}
+        if unknown:
+            raise ValueError(f"unknown option(s) {', '.join(sorted(unknown))}; scaled takes factor")
+        self.factor = float(options["factor"])
+
+    def compile(self, model, example, device):
+        return lambda x: model(x) * self.factor
+
+
 class MemoryHog:
     name = "memory-hog"
 
@@ -151,7 +168,7 @@ class Unpicklable:
         return self.wrap(model)
 
 
-ALL = [RaiseInCompile, RaiseAtFourthStep, Hang, Abort, Segfault, NanLoss, WrongNumbers, MemoryHog, Minimal,
+ALL = [RaiseInCompile, RaiseAtFourthStep, Hang, Abort, Segfault, NanLoss, WrongNumbers, MemoryHog, Minimal, Scaled,
        RaiseOnRank1, KillRank1]
 
 

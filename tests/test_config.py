@@ -37,8 +37,10 @@ def test_defaults_are_the_seed_study_and_threads_resolve_to_all_cores():
 
 
 def test_round_trip_and_comparability_ignores_selection():
-    c = RunConfig(backends=("eager", "compile"), devices=("cpu",), steps=7, workload=WorkloadSpec("seed-cnn", {"image_size": 8}))
+    c = RunConfig(backends=("eager", "compile"), devices=("cpu",), steps=7, workload=WorkloadSpec("seed-cnn", {"image_size": 8}),
+                  backend_options={"compile": {"x": True}})
     assert RunConfig.from_dict(c.to_dict()) == replace(c, threads=c.resolved_threads)
+    assert c.comparable() != replace(c, backend_options={}).comparable()  # they change what a cell measures
     assert c.comparable() == replace(c, backends=("eager",), timeout_s=5).comparable()
     assert c.comparable() != replace(c, steps=8).comparable()
     assert c.comparable() != replace(c, workload=WorkloadSpec("seed-cnn", {"image_size": 9})).comparable()

@@ -31,3 +31,26 @@ def test_a_bridged_backend_runs_and_matches(tiny_config):
     # (aot_eager runs in the built-in aot-eager test).
     r = run_cell(DynamoBackend("eager"), "cnncompare.backends.dynamo_bridge", DeviceSlot("cpu"), tiny_config())
     assert r.status is Status.OK and r.parity.passed, (r.error, r.error_tail)
+
+
+def test_backend_options_reach_torch_compile_and_the_description(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: seen.update(kwargs) or model)
+    bridged = DynamoBackend("openvino")
+    bridged.compile(torch.nn.Identity(), None, torch.device("cpu"))
+    assert seen == {"backend": "openvino", "options": None}  # torch.compile's own default
+    bridged.configure({"aot_autograd": True})
+    bridged.compile(torch.nn.Identity(), None, torch.device("cpu"))
+    assert seen["options"] == {"aot_autograd": True}
+    assert "options={'aot_autograd': True}" in bridged.description
+
+
+@pytest.mark.e2e
+def test_a_backend_option_reaches_the_cell(tiny_config):
+    # tests/fault_backends' `scaled` multiplies its outputs by its option `factor` (1 by default,
+    # correct): 1.05 given as a backend option must arrive in the cell and fail parity there.
+    import fault_backends
+
+    config = tiny_config(mode="inference", backend_options={"scaled": {"factor": 1.05}})
+    r = run_cell(fault_backends.Scaled(), "fault_backends", DeviceSlot("cpu"), config)
+    assert r.status is Status.FAIL_ACCURACY and "parity" in r.error, (r.error, r.error_tail)

@@ -7,7 +7,7 @@ supply the documented default, so a backend with only ``name`` and
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Protocol
 
 if TYPE_CHECKING:  # torch is imported lazily: `cnncompare --help` should not pay for it
     import torch
@@ -114,6 +114,13 @@ class Backend(Protocol):
         % of peak is held against a peak probed in that precision (fp32 rows
         on CUDA against TF32's where torch allows TF32 there), and each parity
         limit gets the error fp32 eager's would be at that precision.
+    ``configure(options: dict) -> None`` [absent: the backend takes no options]
+        Takes the options given as ``--backend-option NAME:KEY=VALUE`` (values
+        parsed as JSON literals where they are one: ``true``, ``3``, ``"x"``;
+        else kept as text), before ``compile``, in the parent (where a raised
+        ``ValueError`` or ``TypeError`` refuses the command line) and again in
+        each cell. The dynamo bridge passes them to ``torch.compile(...,
+        options=...)``. The report's configuration records them.
     """
 
     name: str
@@ -147,6 +154,16 @@ def inference_context(backend: Any) -> "Any":
         raise ValueError(f"backend {getattr(backend, 'name', backend)!r}: inference_context {value!r} is not one of "
                          f"{', '.join(INFERENCE_CONTEXTS)}")
     return torch.inference_mode() if value == "inference_mode" else torch.no_grad()
+
+
+def configure(backend: Any, options: "Mapping[str, Any]") -> None:
+    """Hand ``options`` to the backend's ``configure``; a backend without one takes none."""
+    if not options:
+        return
+    take = getattr(backend, "configure", None)
+    if take is None:
+        raise ValueError(f"backend {getattr(backend, 'name', backend)!r} takes no options (it has no configure())")
+    take(dict(options))
 
 
 def description(backend: Any) -> str:

@@ -36,7 +36,14 @@ class DynamoBackend:
     def __init__(self, dynamo_name: str):
         self.dynamo_name = dynamo_name
         self.name = f"dynamo:{dynamo_name}"
+        self.options: dict = {}
         self.description = f"torch.compile(model, backend={dynamo_name!r})"
+
+    def configure(self, options: dict) -> None:
+        """``--backend-option dynamo:NAME:KEY=VALUE``: ``torch.compile``'s ``options``, which it hands
+        to the backend (OpenVINO's ``aot_autograd``, ``device``...; torch checks none of them)."""
+        self.options = dict(options)
+        self.description = f"torch.compile(model, backend={self.dynamo_name!r}, options={self.options!r})"
 
     def unavailable_reason(self, device):
         module = _REQUIRES.get(self.dynamo_name)
@@ -50,7 +57,7 @@ class DynamoBackend:
         return None
 
     def compile(self, model, example, device):
-        return torch.compile(model, backend=self.dynamo_name)
+        return torch.compile(model, backend=self.dynamo_name, options=self.options or None)
 
 
 def dynamo_backend_names() -> list[str]:

@@ -107,6 +107,9 @@ class RunConfig:
     backends: tuple[str, ...] = ("eager",)
     devices: tuple[str, ...] = ("cpu",)
     workload: WorkloadSpec = WorkloadSpec()
+    #: ``--backend-option NAME:KEY=VALUE``: per backend, the options its ``configure`` takes
+    #: (e.g. ``torch.compile``'s ``options`` for a ``dynamo:*`` backend). Part of what is measured.
+    backend_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     mode: str = option("train", "--mode", "train: forward, loss, backward and Adam per step; inference: one "
                        "forward of the eval-mode model under inference_mode, with latency percentiles",
                        choices=MODES)
@@ -217,6 +220,7 @@ class RunConfig:
         data["backends"] = list(self.backends)
         data["devices"] = list(self.devices)
         data["workload"]["options"] = dict(self.workload.options)
+        data["backend_options"] = {name: dict(options) for name, options in self.backend_options.items()}
         data["threads"] = self.resolved_threads
         return data
 
@@ -227,6 +231,7 @@ class RunConfig:
         data = dict(data)
         data.setdefault("rounds", 1)
         data.setdefault("mode", "train")  # reports from before --mode
+        data.setdefault("backend_options", {})  # and before --backend-option
         if "workload" not in data:
             data["workload"] = {"name": DEFAULT_WORKLOAD, "sample_unit": "image",
                                 "options": {k: data.pop(k) for k in ("image_size", "in_channels", "num_classes")

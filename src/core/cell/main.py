@@ -90,11 +90,13 @@ def main(argv: list[str]) -> int:
 
     for name in IMPORTED_BEFORE_TIMING:  # already there in a cell forked from the server
         importlib.import_module(name)
+    from ...backends import base
     from .measure import fail, measure
 
     try:
         backend = order.backend.unpack(_lookup)
         workload = order.workload.unpack(_lookup)
+        base.configure(backend, order.config.backend_options.get(backend.name, {}))
     except Exception as exc:
         return write(fail(CellRecord(), exc, "loading the backend in the child", Status.FAIL_COMPILE), final=True)
     refused = cuda_unusable_after_fork(order.device)

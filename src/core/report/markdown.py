@@ -335,6 +335,9 @@ def _environment_table(env: dict) -> str:
 def _config_value(value: Any) -> str:
     if isinstance(value, list):
         return ", ".join(value)
+    if isinstance(value, dict) and "name" not in value:  # backend options: per backend, its options
+        return "; ".join(f"{name}: " + ", ".join(f"{k}={v!r}" for k, v in options.items())
+                         for name, options in value.items()) or "–"
     if isinstance(value, dict):  # the workload: its name, options and unit
         options = ", ".join(f"{k}={v}" for k, v in value["options"].items())
         return f"{value['name']} ({options}; one sample: one {value['sample_unit']})" if options else value["name"]
