@@ -349,7 +349,7 @@ def _config_table(config: RunConfig) -> str:
     return tabulate(rows, headers=["option", "value"], tablefmt="github", disable_numparse=True)
 
 
-#: What one step is, per mode: the legend's, the run line's and the charts' wording.
+#: What one step is, per mode, in the report's legend.
 STEP_IS = {
     "train": "one training step (forward, the workload's loss, zero_grad, backward, Adam)",
     "inference": "one forward of the batch through the eval-mode model (under `torch.inference_mode()`)",
