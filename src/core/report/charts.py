@@ -11,6 +11,7 @@ from typing import Optional
 from ..records import Status
 from ..results import RunReport
 from ..stats import one_off_cost
+from .wording import STEP_UNIT, plural
 
 PLOT_HINT = "Charts: `pip install 'cnncompare[plot]'` (matplotlib) and rerun to get PNG charts beside this report."
 
@@ -42,7 +43,7 @@ def write_charts(report: RunReport, md_path: Path) -> Optional[list[tuple[str, s
     stem = md_path.with_suffix("")
     written = []
 
-    step = "forward (inference)" if report.config.mode == "inference" else "training step"
+    step = STEP_UNIT[report.config.mode]
 
     # 1. Step time per backend, grouped by device, fastest first, quartile error bars.
     labels, medians, lows, highs, colors = [], [], [], [], []
@@ -66,7 +67,7 @@ def write_charts(report: RunReport, md_path: Path) -> Optional[list[tuple[str, s
     ax.set_xlabel(f"seconds per {step} (median; bars: first to third quartile)")
     workload = report.config.workload
     size = report.config.batch_size
-    ax.set_title(f"Step time, {workload.name}, batch {size} {workload.sample_unit}{'' if size == 1 else 's'} "
+    ax.set_title(f"Step time, {workload.name}, batch {size} {plural(workload.sample_unit, size)} "
                  "(lower is faster)")
     for i, m in enumerate(medians):
         ax.annotate(f"{m:.3g} s", (m + highs[i], i), xytext=(6, 0), textcoords="offset points", va="center", fontsize=8)

@@ -28,6 +28,7 @@ from ..stats import (
     sentinel_spread,
 )
 from .charts import PLOT_HINT
+from .wording import STEP_UNIT, plural
 
 
 def md_cell(value: Any) -> str:
@@ -312,8 +313,7 @@ def _summary_line(v: Verdict, mode: str = "train") -> str:
     if best.break_even_steps == 0:
         text += ", with no extra up-front cost"
     elif (steps := best.break_even_steps) is not None:
-        unit = "forward" if mode == "inference" else "training step"
-        text += f"; its extra compile cost is repaid after {steps} {unit}{'' if steps == 1 else 's'}"
+        text += f"; its extra compile cost is repaid after {steps} {plural(STEP_UNIT[mode], steps)}"
     if v.overlaps_eager:
         text += " (its quartiles overlap eager's: within one round's noise)"
     elif v.noisy:
@@ -332,10 +332,10 @@ def _environment_table(env: dict) -> str:
     return tabulate(rows, headers=["", ""], tablefmt="github", disable_numparse=True)
 
 
-def _config_value(value: Any) -> str:
+def _config_value(key: str, value: Any) -> str:
     if isinstance(value, list):
         return ", ".join(value)
-    if isinstance(value, dict) and "name" not in value:  # backend options: per backend, its options
+    if key == "backend_options":  # per backend, its options
         return "; ".join(f"{name}: " + ", ".join(f"{k}={v!r}" for k, v in options.items())
                          for name, options in value.items()) or "–"
     if isinstance(value, dict):  # the workload: its name, options and unit
@@ -345,7 +345,7 @@ def _config_value(value: Any) -> str:
 
 
 def _config_table(config: RunConfig) -> str:
-    rows = [[md_cell(k), md_cell(_config_value(v))] for k, v in config.to_dict().items()]
+    rows = [[md_cell(k), md_cell(_config_value(k, v))] for k, v in config.to_dict().items()]
     return tabulate(rows, headers=["option", "value"], tablefmt="github", disable_numparse=True)
 
 
@@ -444,7 +444,7 @@ def _run_line(report: RunReport, batch: Optional[str] = None) -> str:
         f"Workload **{md_cell(workload.name)}**" + (f" ({md_cell(options)})" if options else "")
         + (", **inference** (one forward of the eval-mode model per step)" if config.mode == "inference"
            else ", **training** (forward, loss, backward, Adam per step)")
-        + f", batch {size} {md_cell(workload.sample_unit)}{'' if size == '1' else 's'}, "
+        + f", batch {size} {md_cell(plural(workload.sample_unit, size))}, "
         f"{config.warmup} warm-up + {config.steps} measured steps per cell"
         + (f" and round, {config.rounds} rounds" if config.rounds > 1 else "")
         + (f"; C allocator: `--malloc {md_cell(config.malloc)}`" if config.malloc != "system" else "")
