@@ -142,6 +142,21 @@ def test_a_workload_that_fails_in_the_cell_names_itself(tmp_path, capsys, monkey
         assert fragment in row["error"]
 
 
+@pytest.mark.e2e
+def test_a_model_with_dropout_is_judged_with_eagers_random_numbers(tmp_path, capsys, monkeypatch):
+    """Inductor draws its own random numbers unless told to use eager's: without that, a correct
+    compile would fail parity on every gradient dropout touches."""
+    monkeypatch.chdir(ROOT)
+    code, _, err = _cli(capsys, "--workload", f"{FACTORIES}:with_dropout", "--backends", "eager,eager-fused,compile",
+                        *QUICK, "--output", str(tmp_path / "dropout.md"))
+    assert code == 0, err
+    rows = {r["backend"]: r for r in json.loads((tmp_path / "dropout.json").read_text())["results"]}
+    for name, row in rows.items():
+        assert row["status"] == "ok" and row["parity"]["passed"] and row["parity"]["random"], (name, row["error"])
+        assert row["parity"]["margin"] <= 0.5, (name, row["parity"]["worst_tensor"])
+    assert "draws random numbers" in (tmp_path / "dropout.md").read_text()
+
+
 def test_find_resolves_names_no_plugin_registers():
     with pytest.raises(WorkloadError, match="expected FILE.py:FUNCTION or MODULE:FUNCTION"):
         find("x.py:", {})

@@ -48,21 +48,33 @@ def test_the_fork_server_preloads_nothing_that_initialises_cuda():
     assert out.strip() == "False"
 
 
-def test_each_precision_has_its_own_peak_and_fp32_on_cuda_is_held_against_tf32_where_allowed():
-    from cnncompare.core.cell.roofline import peak_precision
+def test_each_precision_has_its_own_peak_and_fp32_on_cuda_is_held_against_what_its_flops_run_in():
+    """cuDNN's convolutions allow TF32 by default, matmuls don't: an fp32 row's peak is the
+    FLOP-weighted mix of the two probes (checked without a GPU: only torch's flags are read)."""
+    from cnncompare.core.cell.roofline import peak_for, peak_precision
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda:0")
-    assert peak_precision("fp32", cpu) == "fp32" and peak_precision("bf16", cpu) == "bf16"
+    assert peak_precision("fp32", cpu, 0.3) == "fp32" and peak_precision("bf16", cpu, 0.3) == "bf16"
     # torch's switches are module properties (monkeypatch can't put them back): set and restore.
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+             torch.get_float32_matmul_precision())
     try:
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = True  # torch's default for convolutions
-        assert peak_precision("fp32", cuda) == "tf32" and peak_precision("fp16", cuda) == "fp16"
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cudnn.allow_tf32 = True  # torch's defaults
+        label = peak_precision("fp32", cuda, 0.25)
+        assert label == "tf32 conv + fp32 matmul" and peak_precision("fp16", cuda, 0.25) == "fp16"
+        # a quarter of the FLOPs at 400, three quarters at 50: time adds, not rate
+        assert peak_for(label, {"tf32": 400.0, "fp32": 50.0}, 0.25) == pytest.approx(1 / (0.25 / 400 + 0.75 / 50))
+        assert peak_precision("fp32", cuda, 0.0) == "fp32"  # a transformer: matmuls only
+        assert peak_precision("fp32", cuda, 1.0) == "tf32"
+        torch.set_float32_matmul_precision("high")  # matmuls in TF32 too
+        assert peak_precision("fp32", cuda, 0.25) == "tf32"
+        torch.set_float32_matmul_precision("highest")
         torch.backends.cudnn.allow_tf32 = False
-        assert peak_precision("fp32", cuda) == "fp32"
+        assert peak_precision("fp32", cuda, 0.25) == "fp32"
     finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
+        torch.set_float32_matmul_precision(saved[2])
 
 
 def test_the_bf16_peak_is_probed_in_bf16_and_cached_beside_fp32s(tmp_path):
@@ -80,7 +92,9 @@ def test_the_bf16_peak_is_probed_in_bf16_and_cached_beside_fp32s(tmp_path):
     assert label == "bf16" and bf16 > 0
     import json
 
-    assert json.loads((tmp_path / "roofline.json").read_text())["peaks"] == {"fp32": fp32, "bf16": bf16}
+    data = json.loads((tmp_path / "roofline.json").read_text())
+    assert data["peaks"] == {"fp32": fp32, "bf16": bf16}
+    assert 0.05 < data["conv_share"] < 0.95  # the seed CNN: convolutions and two linear layers
 
 
 def test_compile_workers_memory_is_sampled_from_the_process_tree():

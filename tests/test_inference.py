@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import wrong_backends
+from _tiny import TINY
 from cnncompare.backends import base
 from cnncompare.core.config import ConfigError, RunConfig
 from cnncompare.core.records import Status
@@ -50,10 +51,10 @@ def test_every_inference_builtin_is_ok_with_parity_passed_and_train_only_ones_sk
     from cnncompare.core.cell.training import Job
     from cnncompare.workloads.seed_cnn import SeedCNNWorkload
 
-    forward, whole = (step_gflop(Job(SeedCNNWorkload(), c), torch.device("cpu")) for c in (config, train))
+    forward, whole = (step_gflop(Job(SeedCNNWorkload(), c), torch.device("cpu"))[0] for c in (config, train))
     assert rows["eager"].gflop_per_step == pytest.approx(forward) and 0.25 < forward / whole < 0.5
     data = json.loads(report.to_json())
-    assert data["config"]["mode"] == "inference" and data["schema_version"] == 6
+    assert data["config"]["mode"] == "inference" and data["schema_version"] == 7
     assert {"latency_p50_s", "latency_p90_s", "latency_p99_s"} <= set(data["results"][0])
 
 
@@ -103,3 +104,27 @@ def test_compare_and_resume_refuse_to_mix_modes(tmp_path):
     proc = subprocess.run(cli + ["--mode", "inference", "--backends", "eager", "--devices", "cpu", "--resume", str(a),
                                  "--output", str(tmp_path / "r.md")], capture_output=True, text=True)
     assert proc.returncode == 2 and "mode: 'train' → 'inference'" in proc.stderr
+
+
+def test_inference_models_get_seeded_batchnorm_statistics_but_a_trained_model_keeps_its_own():
+    """A never-trained BatchNorm is the identity in eval mode, which would hide a wrong fold."""
+    from torch import nn
+
+    from cnncompare.core.cell.training import Job, seed_normalization
+    from cnncompare.workloads.seed_cnn import SeedCNNWorkload
+
+    config = RunConfig(**{**TINY, "mode": "inference"})
+    models = [Job(SeedCNNWorkload(), config).build_model(torch.device("cpu")) for _ in range(2)]
+    norms = [[m for m in model.modules() if isinstance(m, nn.BatchNorm2d)] for model in models]
+    for bn in norms[0]:
+        assert bn.running_mean.abs().min() > 0 and not torch.allclose(bn.running_var, torch.ones_like(bn.running_var))
+        assert not torch.allclose(bn.weight, torch.ones_like(bn.weight)) and bn.bias.abs().max() > 0
+    for a, b in zip(*norms):  # seeded: the same numbers every time
+        assert torch.equal(a.running_var, b.running_var) and torch.equal(a.bias, b.bias)
+    train = Job(SeedCNNWorkload(), RunConfig(**TINY)).build_model(torch.device("cpu"))
+    assert all(torch.equal(m.running_var, torch.ones_like(m.running_var))
+               for m in train.modules() if isinstance(m, nn.BatchNorm2d))
+    trained = nn.BatchNorm1d(3)
+    trained.running_mean.fill_(0.5)
+    seed_normalization(trained, 0)
+    assert torch.equal(trained.running_mean, torch.full((3,), 0.5)) and torch.equal(trained.weight, torch.ones(3))

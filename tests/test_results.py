@@ -97,6 +97,22 @@ def test_memory_vs_eager_compares_steady_peaks_not_one_off_ones():
     assert old.memory_ratio_vs_eager == 1.5
 
 
+def test_cuda_graph_rows_compare_reserved_memory_and_an_own_allocator_has_no_ratio():
+    from cnncompare.core.records import DynamoStats
+
+    eager, graphs, arena = _cell("eager", 1.0), _cell("graphs", 0.5), _cell("arena", 0.5)
+    for r in (eager, graphs, arena):
+        r.cuda_peak_allocated_steady_mb = r.cuda_peak_allocated_mb = 100.0
+    eager.cuda_peak_reserved_steady_mb = 150.0
+    graphs.cuda_peak_allocated_steady_mb = 20.0  # a replay allocates nothing: its activations live in the pool
+    graphs.cuda_peak_reserved_steady_mb = 300.0
+    graphs.dynamo = DynamoStats(graphs=1, graph_breaks=0, recompiles=0, frames_compiled=1, frames_seen=1,
+                                fell_back_to_eager=False, cudagraphs_recorded=2)
+    arena.cuda_memory_incomparable = "its own arena"
+    derive([eager, graphs, arena], units_per_step=1)
+    assert graphs.memory_ratio_vs_eager == 0.5 and arena.memory_ratio_vs_eager is None
+
+
 def test_a_version_2_report_loses_compile_threads_on_rows_that_never_compiled():
     data = RunReport(environment={}, config=RunConfig(batch_size=2),
                      results=[_cell("eager", 1.0), _cell("compile", 0.5)]).to_dict()

@@ -94,7 +94,41 @@ class SkipFirstUpdate:
         return step
 
 
-WRONG = (GradTimes1_1, OtherBetas, StaleAfterStep2, FrozenBatchNorm, SkipFirstUpdate)
+class ReplaysItsExample:
+    """Runs the model on the example it was compiled with, whatever batch it is given (a graph
+    replay that never copies the new input in)."""
+
+    name = "wrong-ignores-input"
+
+    def compile(self, model, example, device):
+        captured = example.clone()
+        return lambda x: model(captured)
+
+
+class StopsTrainingAfterParityStep:
+    """Right up to the parity step (3) and the step after it, then replays its forward without
+    training (a re-recorded graph that lost the update): only the later steps show it."""
+
+    name = "wrong-stale-after-4"
+
+    def compile(self, model, example, device):
+        return model
+
+    def make_train_step(self, forward, optimizer, loss_fn):
+        real = make_train_step(forward, optimizer, loss_fn)
+        calls = []
+
+        def step(x, y):
+            calls.append(1)
+            if len(calls) <= 4:
+                return real(x, y)
+            return loss_fn(forward(x), y).detach()
+
+        return step
+
+
+WRONG = (GradTimes1_1, OtherBetas, StaleAfterStep2, FrozenBatchNorm, SkipFirstUpdate, ReplaysItsExample,
+         StopsTrainingAfterParityStep)
 
 
 # Inference (--mode inference): forwards that compute something else.
@@ -118,7 +152,7 @@ class RunsInTrainMode:
 
 
 class StaleOutput:
-    """Replays its first output from the second step on (a stale graph replay)."""
+    """Replays its first output from the second step on, unchanged (a stale graph replay)."""
 
     name = "wrong-stale-output"
 
@@ -128,13 +162,55 @@ class StaleOutput:
         def forward(x):
             if "out" not in first:
                 first["out"] = model(x)
-                return first["out"]
-            return first["out"] * 1.0001 + 0.5  # whatever it replays, it is not this step's forward
+            return first["out"]
 
         return forward
 
 
-WRONG_INFERENCE = (ScaledOutput, RunsInTrainMode, StaleOutput)
+class IgnoresInput:
+    """Runs on the example it was compiled with, whatever batch it is given."""
+
+    name = "wrong-ignores-input-inference"
+
+    def compile(self, model, example, device):
+        captured = example.clone()
+        return lambda x: model(captured)
+
+
+class FoldsBatchNormWrong:
+    """Folds eval-mode BatchNorm into a scale and shift, dividing by the variance instead of its
+    square root: identical on a never-trained BatchNorm (variance 1), wrong on a real one."""
+
+    name = "wrong-bn-fold"
+
+    def compile(self, model, example, device):
+        for module in model.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                scale = module.weight / (module.running_var + module.eps)
+                shift = module.bias - module.running_mean * scale
+                shape = (1, -1) + (1,) * (example.dim() - 2)
+                module.forward = lambda x, scale=scale.detach(), shift=shift.detach(), shape=shape: \
+                    x * scale.reshape(shape) + shift.reshape(shape)
+        return model
+
+
+class WrongAfterParityStep:
+    """Right for the first four forwards, then 10 % too large (a recompiled graph gone wrong)."""
+
+    name = "wrong-output-after-4"
+
+    def compile(self, model, example, device):
+        calls = []
+
+        def forward(x):
+            calls.append(1)
+            return model(x) * (1.1 if len(calls) > 4 else 1.0)
+
+        return forward
+
+
+WRONG_INFERENCE = (ScaledOutput, RunsInTrainMode, StaleOutput, IgnoresInput, FoldsBatchNormWrong,
+                   WrongAfterParityStep)
 
 
 @cnncompare.hookimpl

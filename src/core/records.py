@@ -34,20 +34,23 @@ class Status(str, Enum):
 
 @dataclass
 class Parity:
-    """The backend's training trajectory (in inference: its outputs) against float64 eager after
-    the same steps (``cell/parity.py``).
+    """The backend's training (in inference: its forwards) against float64 eager after the same
+    steps on the same batches (``cell/parity.py``, whose docstring states the rules).
 
     ``step`` is the parity step N (the first after the backend's warm-up); ``tensors`` how many
-    tensors were judged: every gradient and buffer after step 1, the loss of
-    every step 1..N, every gradient, weight and buffer after step N, less ``not_judged``: those fp32 eager
-    itself can't reproduce (rounding noise, ``cell/parity.py``'s ``NOISE_REL``). ``*_rel_error`` are norm-relative errors
-    ``||x - ref|| / ||ref||`` over each group's elements together, for the
-    backend and, for scale, for fp32 eager. The verdict is per tensor:
-    ``rel(backend) <= multiplier * rel(fp32 eager) + tolerance`` (a relative
-    tolerance); ``worst_tensor`` is the one nearest its limit and ``margin``
-    its ``worst_error / worst_limit`` (pass at <= 1). ``check_s`` is the
-    cell's own parity phase; ``reference_s`` what computing the shared
-    reference cost, set only on the cell that computed it.
+    tensors were judged: every gradient and buffer after step 1, the loss of every step 1..N,
+    every gradient, weight and buffer after step N, less ``not_judged``: those no check can
+    resolve at this config (fp32 itself can't reproduce them). ``*_rel_error`` are norm-relative
+    errors ``||x - ref|| / ||ref||`` over each group's elements together, for the backend and,
+    for scale, for fp32 eager. ``worst_tensor`` is the check nearest its limit (a tensor's key;
+    ``scale of <key>`` for the scale test; ``trajectory:<k>`` for step k's loss against fp32
+    eager's) and ``margin`` its ``worst_error / worst_limit`` (pass at <= 1).
+    ``trajectory_steps`` is how many steps' losses were checked; ``precision`` what the row
+    measured as computing in (fp32, tf32, bf16, fp16: the nearest reference by its first-step
+    errors), ``declared_precision`` what the backend declares; ``random`` that the workload
+    draws random numbers (judged with eager's: docs/parity.md). ``check_s`` is the cell's own
+    parity phase; ``reference_s`` what computing the shared reference cost, set on one row per
+    device.
     """
 
     passed: bool
@@ -72,6 +75,10 @@ class Parity:
     step: int = 1
     tensors: Optional[int] = None
     not_judged: list[str] = field(default_factory=list)
+    trajectory_steps: Optional[int] = None
+    precision: Optional[str] = None
+    declared_precision: Optional[str] = None
+    random: bool = False
     detail: Optional[str] = None
     check_s: Optional[float] = None
     reference_s: Optional[float] = None
@@ -170,6 +177,9 @@ class Measured:
     cuda_peak_reserved_warmup_mb: Optional[float] = None
     cuda_peak_allocated_steady_mb: Optional[float] = None
     cuda_peak_reserved_steady_mb: Optional[float] = None
+    #: Why this row's CUDA memory figures can't be compared with eager's (an allocator of the
+    #: backend's own); None where they can.
+    cuda_memory_incomparable: Optional[str] = None
     #: Inductor's compile workers in the cell (1: in-process); None where dynamo never ran.
     compile_threads: Optional[int] = None
     #: What the measured steps cost the OS, per step (process-wide: all threads).
@@ -267,3 +277,17 @@ class CellOrder:
     progress_path: Optional[str]
     #: False in rounds after the first: time and memory only, no parity check or roofline.
     judge: bool = True
+    #: Set: this child computes the device's parity reference (``cell/reference.py``), not a cell.
+    reference: Optional["ReferencePlan"] = None
+
+
+@dataclass(frozen=True)
+class ReferencePlan:
+    """What one device's parity reference must cover: the parity steps of its backends, every
+    step a cell runs in its first round, the reduced precisions some backend declares (traced
+    over every step), and DDP's shards (the world size; 1 without ``--nproc``)."""
+
+    parity_steps: tuple[int, ...]
+    steps: int
+    precisions: tuple[str, ...] = ()
+    shards: int = 1

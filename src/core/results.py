@@ -29,7 +29,11 @@ from .stats import StepStats
 #: version with ``"kind": "batch-size sweep"``.)
 #: 5: the config's ``mode`` (``train`` or ``inference``; older reports read as ``train``), inference
 #: rows' ``latency_p50_s`` / ``latency_p90_s`` / ``latency_p99_s`` and parity's ``output_rel_error``.
-SCHEMA_VERSION = 6
+#: 6: the config's ``backend_options``.
+#: 7: a new batch every step; parity's ``trajectory_steps``, ``precision`` (measured),
+#: ``declared_precision`` and ``random``; weights judged by their last update; the device
+#: verdict's ``precision`` and ``fastest_other_precision``.
+SCHEMA_VERSION = 7
 
 #: Environment keys that must match for two runs to be comparable cell by cell.
 #: (The thread count is the config's, compared there.)
@@ -148,7 +152,7 @@ class RunReport:
 
     @classmethod
     def from_dict(cls, data: dict) -> "RunReport":
-        if data.get("schema_version") not in (1, 2, 3, 4, 5, SCHEMA_VERSION):
+        if data.get("schema_version") not in (1, 2, 3, 4, 5, 6, SCHEMA_VERSION):
             raise ValueError(f"unsupported schema_version {data.get('schema_version')!r} (expected {SCHEMA_VERSION})")
         data = _upgrade(dict(data))
         config = RunConfig.from_dict(data.pop("config"))

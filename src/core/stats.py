@@ -205,14 +205,22 @@ def speedup_interval(base: Rounds, other: Rounds) -> tuple[float, float, float]:
     return speedup, min(low, speedup), max(high, speedup)
 
 
+def measured_precision(r: "CellResult") -> Optional[str]:
+    """What the row computed in, as its parity check measured it (None where it wasn't judged)."""
+    return r.parity.precision if r.parity is not None else None
+
+
 @dataclass
 class Verdict:
     """Which backend to pick on one device, and how far to trust it.
 
-    The best row is the one with the highest speedup over eager. It is the
-    ``pick`` only when its interval clears every other ``ok`` row's; the rows
-    whose interval reaches its lower end are ``tied_with`` it (eager's interval
-    is the point 1.0). Without an eager row the fastest median is the best, untested.
+    Rows are ranked among those computing at the baseline's precision (eager's, as measured:
+    fp32 on the CPU, TF32-like on CUDA where cuDNN allows it); the fastest row at another
+    precision (a bf16 row, or one that declares fp32 and measures bf16) is named apart in
+    ``other_precision``, never ranked over them. The best row is the one with the highest
+    speedup over eager. It is the ``pick`` only when its interval clears every other such row's;
+    the rows whose interval reaches its lower end are ``tied_with`` it (eager's interval is the
+    point 1.0). Without an eager row the fastest median is the best, untested.
     """
 
     device: str
@@ -222,6 +230,10 @@ class Verdict:
     #: The best row's quartiles reach eager's: the win is within one round's noise.
     overlaps_eager: bool = False
     noisy: bool = False
+    #: eager's measured precision, which ``best`` and ``tied_with`` share.
+    precision: Optional[str] = None
+    #: The fastest row at another precision, where it is faster than ``best``.
+    other_precision: Optional["CellResult"] = None
 
     @property
     def pick(self) -> Optional[str]:
@@ -229,10 +241,14 @@ class Verdict:
 
     def to_dict(self) -> dict:
         """The JSON ``verdict`` object of a device."""
-        best = self.best
+        best, other = self.best, self.other_precision
         return {"pick": self.pick, "best": best.backend if best else None,
                 "speedup": best.speedup_vs_eager if best else None,
-                "speedup_ci": best.speedup_ci if best else None, "tied_with": self.tied_with}
+                "speedup_ci": best.speedup_ci if best else None, "tied_with": self.tied_with,
+                "precision": self.precision,
+                "fastest_other_precision": None if other is None else {
+                    "backend": other.backend, "precision": measured_precision(other),
+                    "speedup": other.speedup_vs_eager, "speedup_ci": other.speedup_ci}}
 
 
 def verdict(device: str, rows: Sequence["CellResult"]) -> Verdict:
@@ -242,16 +258,23 @@ def verdict(device: str, rows: Sequence["CellResult"]) -> Verdict:
         return Verdict(device, None, eager)
     if eager is None:
         return Verdict(device, min(ok, key=_median), None)
-    best = max(ok, key=lambda r: (r.speedup_vs_eager or 0.0, r is eager))
+    baseline = measured_precision(eager)
+    same = [r for r in ok if measured_precision(r) in (None, baseline)]
+    others = [r for r in ok if r not in same]
+    best = max(same, key=lambda r: (r.speedup_vs_eager or 0.0, r is eager))
+    other = max(others, key=lambda r: r.speedup_vs_eager or 0.0, default=None)
+    if other is not None and (other.speedup_vs_eager or 0.0) <= (best.speedup_vs_eager or 0.0):
+        other = None
     low = best.speedup_ci[0] if best.speedup_ci else best.speedup_vs_eager or 1.0
-    tied = [r.backend for r in sorted(ok, key=lambda r: -(r.speedup_vs_eager or 0.0))
+    tied = [r.backend for r in sorted(same, key=lambda r: -(r.speedup_vs_eager or 0.0))
             if r is not best and r.speedup_ci and r.speedup_ci[1] >= low]
     if best is eager:
-        return Verdict(device, best, eager, tied)
+        return Verdict(device, best, eager, tied, precision=baseline, other_precision=other)
     assert best.step_s is not None and eager.step_s is not None
     overlaps = quartiles_overlap(best.step_s, eager.step_s)
     return Verdict(device, best, eager, tied, overlaps_eager=overlaps,
-                   noisy=not overlaps and (best.step_s.noisy or eager.step_s.noisy))
+                   noisy=not overlaps and (best.step_s.noisy or eager.step_s.noisy), precision=baseline,
+                   other_precision=other)
 
 
 def _median(r: "CellResult") -> float:
@@ -336,10 +359,18 @@ def memory_ratio(eager: "CellResult", r: "CellResult") -> Optional[float]:
     """Eager's steady-state peak / this backend's (>1: uses less), as PyTorch's own harness reports
     it: the measured steps' peak of CUDA allocations where both have them, else of process RSS
     (reports older than the per-phase peaks: the lifetime peaks). One-off peaks (compile,
-    autotuning, CUDA-graph recording in the warm-up) are reported apart, not compared here."""
-    for a, b in ((eager.cuda_peak_allocated_steady_mb, r.cuda_peak_allocated_steady_mb),
-                 (eager.cuda_peak_allocated_mb, r.cuda_peak_allocated_mb),
-                 (eager.peak_rss_steady_mb, r.peak_rss_steady_mb), (eager.peak_rss_mb, r.peak_rss_mb)):
+    autotuning, CUDA-graph recording in the warm-up) are reported apart, not compared here.
+
+    A row that replays CUDA graphs writes its activations into the graph pool's blocks, which
+    stay reserved but are not allocations during a replay: it is compared by reserved memory
+    (both rows). A row whose device memory is its own allocator's has no CUDA ratio (None)."""
+    if r.cuda_memory_incomparable and r.cuda_peak_allocated_mb is not None:
+        return None
+    graphs = r.dynamo is not None and bool(r.dynamo.cudagraphs_recorded)
+    pairs = [(eager.cuda_peak_reserved_steady_mb, r.cuda_peak_reserved_steady_mb)] if graphs else \
+        [(eager.cuda_peak_allocated_steady_mb, r.cuda_peak_allocated_steady_mb),
+         (eager.cuda_peak_allocated_mb, r.cuda_peak_allocated_mb)]
+    for a, b in (*pairs, (eager.peak_rss_steady_mb, r.peak_rss_steady_mb), (eager.peak_rss_mb, r.peak_rss_mb)):
         if a and b:
             return a / b
     return None

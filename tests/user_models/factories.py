@@ -52,3 +52,14 @@ def float32_only():
 
 def bad_batch():
     return nn.Linear(2, 2), lambda n, generator, device: 1 / 0
+
+
+def with_dropout(features: int = 16, classes: int = 4):
+    """A classifier with dropout: its step draws random numbers."""
+    model = nn.Sequential(nn.Linear(features, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, classes))
+
+    def make_batch(n, generator, device):
+        return (torch.randn(n, features, generator=generator, device=device),
+                torch.randint(0, classes, (n,), generator=generator, device=device))
+
+    return cnncompare.ModelSpec(model, make_batch, sample_unit="row")

@@ -93,6 +93,8 @@ def main(argv: list[str]) -> int:
     from ...backends import base
     from .measure import fail, measure
 
+    if order.reference is not None:
+        return write(_reference(order), final=True)
     try:
         backend = order.backend.unpack(_lookup)
         workload = order.workload.unpack(_lookup)
@@ -117,6 +119,28 @@ def main(argv: list[str]) -> int:
                          _phase_reporter(order.progress_path if reporting else None), rank, judge=order.judge)
     record.notes = record.notes + _capture_notes(caught)
     return write(record, final=True)
+
+
+def _reference(order: CellOrder) -> CellRecord:
+    """Compute the device's parity reference (``reference.build``); the record says how it went,
+    its ``compile_s`` what it took."""
+    import torch
+
+    from .measure import fail
+    from .reference import build
+    from .training import Job
+
+    assert order.reference is not None and order.run_dir is not None
+    try:
+        workload = order.workload.unpack(_lookup)
+        torch.set_num_threads(order.config.resolved_threads)
+        device = torch.device(order.device)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        seconds = build(Job(workload, order.config), device, order.reference, order.run_dir)
+    except Exception as exc:
+        return fail(CellRecord(), exc, "reference")
+    return CellRecord(compile_s=seconds)
 
 
 def forked_main(order_path: str, env: dict, workdir: str, log_path: str, server: int) -> int:

@@ -15,7 +15,11 @@ Phases and what a failure in each means:
                                                           compiler raised, else fail_run
   warmup, steps                                        -> fail_run
   non-finite loss (inference: output) in any step      -> fail_accuracy
-  parity      the parity step vs float64 eager        -> fail_accuracy
+  parity      steps 1 and N vs float64 eager, every
+              step's loss vs fp32 eager (parity.py)    -> fail_accuracy
+
+Every step trains on the next batch of the run's pool (``Job.batches``), made before the
+first clock starts; ``compile`` gets an example batch of its own.
 An out-of-memory error in any phase is ``oom``.
 """
 from __future__ import annotations
@@ -35,13 +39,14 @@ from ...workloads.factory import WorkloadError
 from ..config import RunConfig
 from ..records import CellRecord, Status
 from . import rank as ddp
+from . import reference
 from .diagnostics import DynamoWatch
 from .memory import DescendantsPeak, PhasePeaks, current_rss_mb, per_step_usage, process_usage, use_malloc
-from .parity import compare_with_reference, output_snapshot, parity_step, reference_state, snapshot
+from .parity import compare_with_reference, output_snapshot, parity_step, snapshot
 from .rank import Rank
 from .roofline import roofline
 from .timing import timed, timed_steps
-from .training import Job, OutputLog, make_inference_step, make_optimizer, make_train_step, trained_parameters
+from .training import EXAMPLE, Job, OutputLog, make_inference_step, make_optimizer, make_train_step, step_seed, trained_parameters
 
 ERROR_TAIL_LINES = 15
 
@@ -98,10 +103,10 @@ def _prepare(backend: Any, job: Job, device: torch.device, rank: Optional[Rank] 
     (the wrap is timed with the compile: it is part of the one-off cost).
     In inference the model is in eval mode, ``compile`` runs under ``no_grad`` and the step is
     one forward (no optimizer).
-    Returns (model, forward, step, x, y, compile_s).
+    Returns (model, forward, step, compile_s).
     """
     model = job.build_model(device)
-    x, y = job.make_batch(device, *((rank.rank, rank.world) if rank else ()))
+    x, _ = job.batch(EXAMPLE, device, *((rank.rank, rank.world) if rank else ()))
     x = base.prepare_input(backend, x)
 
     def compile_and_wrap():
@@ -120,7 +125,7 @@ def _prepare(backend: Any, job: Job, device: torch.device, rank: Optional[Rank] 
         for b, before in zip(model.buffers(), buffers):
             b.copy_(before)
     if job.inference:
-        return model, forward, make_inference_step(forward, lambda: base.inference_context(backend)), x, y, compile_s
+        return model, forward, make_inference_step(forward, lambda: base.inference_context(backend)), compile_s
     params = trained_parameters(forward, model)
     maker = base.optimizer_maker(backend)
     optimizer = maker(params, job.config.lr) if maker else make_optimizer(params, job.config.lr)
@@ -129,7 +134,7 @@ def _prepare(backend: Any, job: Job, device: torch.device, rank: Optional[Rank] 
     if compile_step is not None:
         step, step_s = timed(lambda: compile_step(step, x, device), device)
         compile_s += step_s
-    return model, forward, step, x, y, compile_s
+    return model, forward, step, compile_s
 
 
 def _no_phase(name: str, done: int, total: int) -> None:
@@ -175,6 +180,21 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
             return output_snapshot(model, forward, losses.last, len(losses))
         return snapshot(model, forward, losses)
 
+    # The reference (computed before the cells) says whether the step draws random numbers; its
+    # failure is the workload's, reported in the parity phase after timing, as a check's would be.
+    reference_error: Optional[Exception] = None
+    random = False
+    if run_dir is not None:
+        try:
+            random = reference.Meta.load(run_dir, str(device)).random
+        except (WorkloadError, OSError) as exc:
+            reference_error = exc
+    if random:  # inductor draws eager's random numbers (docs/parity.md: randomness)
+        import torch._inductor.config as inductor_config
+
+        inductor_config.fallback_random = True
+
+    pool: list[tuple[Any, Any]] = []  # the run's batches (training.Job.batches), made in the compile phase
     watch = DynamoWatch().start()
     workers = DescendantsPeak().start()  # compile workers are processes of their own
     phase = "compile"
@@ -184,11 +204,20 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
             torch.cuda.reset_peak_memory_stats(device)
         if rank:
             pg_backend = ddp.init(device, config.timeout_s)
-        model, forward, step, x, y, compile_s = _prepare(backend, job, device, rank)
+        pool.extend((base.prepare_input(backend, x), y)
+                    for x, y in job.batches(device, *((rank.rank, rank.world) if rank else ())))
+
+        def inputs(k: int) -> tuple[Any, Any]:
+            """Step ``k``'s batch (steps count from 1), its RNG seeded where the step draws one."""
+            if random:
+                torch.manual_seed(step_seed(config.seed, k))
+            return pool[(k - 1) % len(pool)]
+
+        model, forward, step, compile_s = _prepare(backend, job, device, rank)
         record.compile_s = compile_s
         phase = "first_step"
         on_phase(phase, 0, 1)
-        loss, record.first_step_s = timed(functools.partial(step, x, y), device)
+        loss, record.first_step_s = timed(functools.partial(step, *inputs(1)), device)
         losses.append(loss)
         peaks = PhasePeaks(device if cuda else None)
         record.peak_rss_first_step_mb, record.cuda_peak_allocated_first_step_mb, \
@@ -210,7 +239,7 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
                 if rank is None or rank.rank == 0:
                     torch.save(judged_state(model, forward, judged_losses), snapshot_paths[1])
 
-        record.warmup_s = timed_steps(step, x, y, warmup, device, losses, after_warmup_step)
+        record.warmup_s = timed_steps(step, inputs, 2, warmup, device, losses, after_warmup_step)
         # Warm-up's peaks are one-off (CUDA-graph recording, recompiles, the parity snapshot):
         # the steady state is the measured steps alone.
         record.peak_rss_warmup_mb, record.cuda_peak_allocated_warmup_mb, \
@@ -220,7 +249,7 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
         phase = "steps"
         on_phase(phase, 0, config.steps)
         usage = process_usage()
-        record.step_samples = timed_steps(step, x, y, config.steps, device, losses,
+        record.step_samples = timed_steps(step, inputs, 2 + warmup, config.steps, device, losses,
                                           lambda i: on_phase("steps", i, config.steps))
         record.cpu_user_s_per_step, record.cpu_sys_s_per_step, record.page_faults_per_step = \
             per_step_usage(usage, process_usage(), config.steps)
@@ -245,6 +274,10 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
         return fail(record, exc, phase)
     record.dynamo = watch.report(cuda_index)
     record.compile_threads = compile_threads() if record.dynamo is not None else None
+    if cuda and base.own_allocator(backend):
+        record.cuda_memory_incomparable = (f"{backend.name} keeps its device memory in an allocator of its own, "
+                                           "which torch's CUDA peaks don't see")
+        record.notes.append(f"CUDA memory not comparable: {record.cuda_memory_incomparable}")
 
     values = torch.stack([loss.float() for loss in losses]).tolist()
     bad = [i for i, value in enumerate(values) if not math.isfinite(value)]
@@ -253,10 +286,13 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
         what = "output" if job.inference else "loss"
         record.error = f"non-finite {what} at step {bad[0] + 1} of {len(losses)}"
         return record
-    # Free the measured model before building the references; under DDP also before the process
+    if rank:  # the trajectory the reference follows: the global batch's loss (every rank takes part)
+        values = [float(v) for v in ddp.mean_losses(losses)]
+    # Free the measured model before loading the reference; under DDP also before the process
     # group goes (``ddp.finish``): a DDP module freed after it hangs in gloo's destructor. The
-    # warm-up hook holds the model too.
-    del model, forward, step, x, y, losses, after_warmup_step
+    # warm-up hook and the batches' closure hold the model and batches too.
+    pool.clear()
+    del model, forward, step, inputs, losses, after_warmup_step
     if rank:
         per_rank = ddp.gather(record)
         ddp.finish()  # no collective after this: other ranks may leave
@@ -275,21 +311,22 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
     phase = "parity"
     on_phase(phase, 0, 1)
     try:
-        shards = rank.world if rank else 1
         start = time.perf_counter()
-        cache = _shared(run_dir, f"reference-{judged}steps-x{shards}", device, ".pt")
-        computed_here = not (cache and os.path.exists(cache))
-        reference = reference_state(job, device, judged, cache, shards)
+        if run_dir is None:
+            raise RuntimeError("a judged cell needs the run's directory, where its parity reference is")
+        if reference_error is not None:
+            raise reference_error
+        expected = reference.load(run_dir, device)
         got = {key: value for path in snapshot_paths
                for key, value in torch.load(path, map_location=device, weights_only=True, mmap=True).items()}
-        parity = compare_with_reference(got, reference, base.parity_rtol(backend), judged, base.precision(backend))
+        parity = compare_with_reference(got, expected, base.parity_rtol(backend), judged, base.precision(backend),
+                                        values)
         parity.check_s = time.perf_counter() - start
-        parity.reference_s = reference["seconds"] if computed_here else None
         if record.distributed is not None and not record.distributed.ranks_identical:
             parity.passed = False
             parity.detail = (f"ranks hold different weights after the first step (max |difference| "
                              f"{record.distributed.max_rank_weight_diff:.3g}); " + (parity.detail or ""))
-        del got, reference
+        del got, expected
         record.gflop_per_step, record.peak_gflops, record.peak_precision = roofline(
             job, device, _shared(run_dir, "roofline", device, ".json"), base.precision(backend))
     except Exception as exc:

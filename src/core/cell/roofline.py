@@ -22,14 +22,19 @@ from .training import Job
 PROBE_SIZE = {"cpu": 1024, "cuda": 8192, "mps": 4096}
 
 
-def step_gflop(job: Job, device: torch.device) -> float:
-    """GFLOP of one step of the workload (torch.utils.flop_counter): forward + backward in
-    training (Adam's elementwise update is not counted, as flop counters count matmul-class
-    ops), the eval-mode forward in inference."""
+#: Operators whose FLOPs run in cuDNN's convolutions (the rest of what flop_counter counts are
+#: matmul-class ops: mm, addmm, bmm, attention).
+_CONV_OPS = ("convolution",)
+
+
+def step_gflop(job: Job, device: torch.device) -> tuple[float, float]:
+    """(GFLOP of one step, the share of them in convolutions), by torch.utils.flop_counter:
+    forward + backward in training (Adam's elementwise update is not counted, as flop counters
+    count matmul-class ops), the eval-mode forward in inference."""
     from torch.utils.flop_counter import FlopCounterMode
 
     model = job.build_model(device)
-    x, y = job.make_batch(device)
+    x, y = job.batch(0, device)
     counter = FlopCounterMode(display=False)
     if job.inference:
         with counter, torch.inference_mode():
@@ -37,17 +42,43 @@ def step_gflop(job: Job, device: torch.device) -> float:
     else:
         with counter:
             job.loss(model(x), y).backward()
-    return counter.get_total_flops() / 1e9
+    total = counter.get_total_flops()
+    conv = sum(n for op, n in counter.get_flop_counts().get("Global", {}).items()
+               if any(name in str(op) for name in _CONV_OPS))
+    return total / 1e9, (conv / total if total else 0.0)
 
 
-def peak_precision(precision: str, device: torch.device) -> str:
+def tf32_in_use(device: torch.device) -> tuple[bool, bool]:
+    """(matmuls, convolutions) run in TF32 on this CUDA device under torch's current settings."""
+    if device.type != "cuda":
+        return False, False
+    matmul = torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
+    return bool(matmul), bool(torch.backends.cudnn.allow_tf32)
+
+
+def peak_precision(precision: str, device: torch.device, conv_share: float = 0.0) -> str:
     """The precision a row's peak is probed in: the backend's own (``backends.base.precision``),
-    except fp32 on CUDA where torch allows TF32 for matmuls or convolutions (cuDNN's convolutions
-    do by default): then TF32's, the rate those kernels can reach."""
-    if precision == "fp32" and device.type == "cuda" and (
-            torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32):
-        return "tf32"
-    return precision
+    except an fp32 row on CUDA: its matmuls and its convolutions each run in TF32 or fp32 as
+    torch's flags say (cuDNN's convolutions allow TF32 by default, matmuls don't), so the label
+    names what the step's FLOPs actually run in: ``fp32``, ``tf32``, or ``tf32 conv + fp32
+    matmul`` (and the reverse), weighted by their shares (``peak_for``)."""
+    if precision != "fp32" or device.type != "cuda":
+        return precision
+    matmul, conv = ("tf32" if on else "fp32" for on in tf32_in_use(device))
+    if conv == matmul or conv_share >= 1:
+        return conv
+    if conv_share <= 0:
+        return matmul
+    return f"{conv} conv + {matmul} matmul"
+
+
+def peak_for(label: str, peaks: dict[str, float], conv_share: float) -> float:
+    """The rate a step whose FLOPs are ``conv_share`` convolutions would reach at each kind's
+    peak: the FLOP-weighted harmonic mean of the probed peaks (time adds, not rate)."""
+    if " conv + " not in label:
+        return peaks[label]
+    conv, matmul = label.replace(" matmul", "").split(" conv + ")
+    return 1.0 / (conv_share / peaks[conv] + (1 - conv_share) / peaks[matmul])
 
 
 _DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -85,11 +116,13 @@ def roofline(job: Job, device: torch.device, cache_path: Optional[str],
     if cache_path and os.path.exists(cache_path):
         with open(cache_path) as f:
             data = json.load(f)
-    label = peak_precision(precision, device)
-    if "gflop_per_step" not in data or label not in data["peaks"]:
-        if "gflop_per_step" not in data:
-            data["gflop_per_step"] = step_gflop(job, device)
-        data["peaks"][label] = peak_gflops(device, label)
-        if cache_path:
-            write_atomic(cache_path, json.dumps(data))
-    return data["gflop_per_step"], data["peaks"][label], label
+    if "gflop_per_step" not in data:
+        data["gflop_per_step"], data["conv_share"] = step_gflop(job, device)
+    label = peak_precision(precision, device, data["conv_share"])
+    kinds = label.replace(" matmul", "").split(" conv + ")
+    missing = [k for k in kinds if k not in data["peaks"]]
+    for kind in missing:
+        data["peaks"][kind] = peak_gflops(device, kind)
+    if cache_path and missing:
+        write_atomic(cache_path, json.dumps(data))
+    return data["gflop_per_step"], peak_for(label, data["peaks"], data["conv_share"]), label

@@ -27,9 +27,11 @@ def timed(fn: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
     return value, time.perf_counter() - start
 
 
-def timed_steps(step: Callable, x, y, n: int, device: torch.device, losses: list,
-                tick: Callable[[int], None]) -> list[float]:
-    """Per-step seconds of ``n`` calls of ``step(x, y)``, each loss appended to ``losses``.
+def timed_steps(step: Callable, inputs: Callable[[int], tuple[Any, Any]], first: int, n: int,
+                device: torch.device, losses: list, tick: Callable[[int], None]) -> list[float]:
+    """Per-step seconds of ``n`` calls of ``step(x, y)``, steps ``first`` .. ``first + n - 1``,
+    each on ``inputs(k)`` (step k's batch, fetched outside the timed region), each loss appended
+    to ``losses``.
 
     On CUDA, events bracket each step on the stream and one synchronize at the
     end collects them, so host-side timing can't miss queued work and no
@@ -38,6 +40,7 @@ def timed_steps(step: Callable, x, y, n: int, device: torch.device, losses: list
     if device.type == "cuda":
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
         for i, (start, end) in enumerate(events, 1):
+            x, y = inputs(first + i - 1)
             start.record()
             out = step(x, y)
             end.record()
@@ -47,6 +50,7 @@ def timed_steps(step: Callable, x, y, n: int, device: torch.device, losses: list
         return [start.elapsed_time(end) / 1000.0 for start, end in events]
     samples = []
     for i in range(1, n + 1):
+        x, y = inputs(first + i - 1)
         loss, seconds = timed(lambda: step(x, y), device)
         losses.append(loss)
         samples.append(seconds)

@@ -1,9 +1,13 @@
-"""The step protocol every backend is measured on: the workload's seeded model and batch on a
+"""The step protocol every backend is measured on: the workload's seeded model and batches on a
 device, the optimizer, and one training step (forward, loss, zero_grad, backward, Adam); in
 inference (``--mode inference``) one forward of the eval-mode model (docs/inference.md).
 
 Everything a backend trains is made here and only here, so every backend
-trains exactly the same thing.
+trains exactly the same thing: the same model, and the same sequence of batches, a new one
+every step (``Job.batch``, ``pool_size``), as a real training loop feeds it. A backend that
+replays its example, or a CUDA graph that never copies the new input in, is then wrong, and
+no step trains on a batch the model has already fitted (one batch fed forever collapses the
+loss and turns the gradients denormal, which slows a CPU step 2-3x).
 """
 from __future__ import annotations
 
@@ -17,6 +21,31 @@ from torch import nn
 from ...workloads.base import resolve_options
 from ...workloads.factory import WorkloadError
 from ..config import RunConfig
+
+#: The compile example's batch index: a batch of its own, never one a step trains on.
+EXAMPLE = -1
+#: Distinct batches a run cycles through (step k trains on batch ``(k - 1) % pool``), at most
+#: this many and at most ``POOL_BYTES`` of them resident: a data loader holds one or two, so
+#: the pool must not weigh on the memory figures of large inputs, yet at least two distinct
+#: batches always alternate.
+POOL_MAX = 8
+POOL_BYTES = 64 * 2**20
+
+
+def pool_size(batch_bytes: int) -> int:
+    """How many distinct batches a run cycles through, for batches of ``batch_bytes``."""
+    return max(2, min(POOL_MAX, POOL_BYTES // max(batch_bytes, 1)))
+
+
+def batch_bytes(batch: Any) -> int:
+    x, y = batch
+    return x.numel() * x.element_size() + y.numel() * y.element_size()
+
+
+def step_seed(seed: int, step: int) -> int:
+    """The RNG seed set before step ``step`` of a workload that draws random numbers (dropout), in
+    every backend's cell and in the reference alike."""
+    return seed * 1_000_003 + step
 
 
 @dataclass(frozen=True)
@@ -41,29 +70,41 @@ class Job:
         """The model with seeded weights, on ``device``, in train mode (eval mode in inference).
 
         Weights are initialised on the CPU from the seed, so every backend and
-        device starts from the same numbers.
+        device starts from the same numbers. In inference, normalisation layers that were never
+        trained get seeded statistics and affine parameters (``seed_normalization``).
         """
         torch.manual_seed(self.config.seed)
         with self._naming("build_model"):
             model = self.workload.build_model(self.options)
+        if self.inference:
+            seed_normalization(model, self.config.seed)
         return model.to(device=device, dtype=dtype).train(not self.inference)
 
-    def make_batch(self, device: torch.device, shard: int = 0, shards: int = 1,
-                   dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-        """A fixed, seeded batch, generated on ``device``.
+    def batch(self, index: int, device: torch.device, shard: int = 0, shards: int = 1,
+              dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch ``index`` of the run's seeded sequence (``EXAMPLE`` for the compile example),
+        generated on ``device``.
 
         Under DDP the global batch is ``shards * batch_size`` samples and rank
         ``shard`` trains on its slice (weak scaling: ``batch_size`` per rank).
         With one shard the batch is the single-process one, number for number.
         Floating-point inputs are cast to ``dtype``.
         """
-        gen = torch.Generator(device=device).manual_seed(self.config.seed)
+        gen = torch.Generator(device=device).manual_seed(self.config.seed * 7919 + index + 1)
         n = self.config.batch_size
         with self._naming("make_batch"):
             x, y = self.workload.make_batch(self.options, n * shards, gen, device)
         part = slice(shard * n, (shard + 1) * n)
         x = x[part].contiguous()
         return (x.to(dtype) if x.is_floating_point() else x), y[part].contiguous()
+
+    def batches(self, device: torch.device, shard: int = 0, shards: int = 1,
+                dtype: torch.dtype = torch.float32) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The pool of distinct batches every step draws from, made at once (before any timed
+        region): step k trains on ``batches[(k - 1) % len(batches)]``."""
+        first = self.batch(0, device, shard, shards, dtype)
+        return [first] + [self.batch(i, device, shard, shards, dtype)
+                          for i in range(1, pool_size(batch_bytes(first)))]
 
     def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return self.workload.loss(output, targets)
@@ -78,6 +119,34 @@ class Job:
         except Exception as exc:
             raise WorkloadError(f"workload {self.workload.name!r}: {member} raised {type(exc).__name__}: {exc}") \
                 from exc
+
+
+#: Seeded statistics of a never-trained normalisation layer in inference: running means
+#: N(0, MEAN_STD), variances uniform in VAR_RANGE, scales uniform in WEIGHT_RANGE, shifts
+#: N(0, BIAS_STD). Fresh ones (mean 0, variance 1, scale 1, shift 0) make eval-mode BatchNorm
+#: the identity, so a deploy path that folds it with the wrong eps, scale or sign would compute
+#: the same numbers; these move every channel's output by tens of percent.
+MEAN_STD, VAR_RANGE, WEIGHT_RANGE, BIAS_STD = 0.2, (0.5, 2.0), (0.5, 1.5), 0.2
+
+
+def seed_normalization(model: nn.Module, seed: int) -> None:
+    """Give every BatchNorm whose running statistics are still the fresh ones (a model that was
+    never trained) seeded, non-trivial statistics and affine parameters; a trained model's are
+    left as they are."""
+    gen = torch.Generator().manual_seed(seed + 17)
+    with torch.no_grad():
+        for module in model.modules():
+            if not isinstance(module, nn.modules.batchnorm._BatchNorm) or module.running_mean is None:
+                continue
+            mean, var = module.running_mean, module.running_var
+            assert var is not None
+            if bool(mean.any()) or not bool((var == 1).all()):
+                continue
+            mean.copy_(torch.randn(mean.shape, generator=gen) * MEAN_STD)
+            var.copy_(torch.empty(var.shape).uniform_(*VAR_RANGE, generator=gen))
+            if module.affine:
+                module.weight.copy_(torch.empty(module.weight.shape).uniform_(*WEIGHT_RANGE, generator=gen))
+                module.bias.copy_(torch.randn(module.bias.shape, generator=gen) * BIAS_STD)
 
 
 def make_optimizer(params, lr: float) -> torch.optim.Optimizer:
@@ -126,6 +195,15 @@ def output_tensors(output: Any) -> list[torch.Tensor]:
     return [t for t in _pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
 
+def summary(output: Any) -> torch.Tensor:
+    """An inference step's one number (its output's largest magnitude, as a 0-d float tensor: NaN
+    or inf when any element is), which the trajectory check follows step by step."""
+    leaves = output_tensors(output)
+    if not leaves:
+        raise TypeError(f"the model's forward returned no floating-point tensor ({type(output).__name__})")
+    return torch.stack([t.detach().abs().amax().float() for t in leaves]).amax()
+
+
 class OutputLog(list):
     """Inference's stand-in for the list of losses: per step, the output's largest magnitude as a
     0-d float tensor (NaN or inf when any element is, so the same finiteness check applies), and
@@ -136,7 +214,4 @@ class OutputLog(list):
 
     def append(self, output: Any) -> None:
         self.last = output
-        leaves = output_tensors(output)
-        if not leaves:
-            raise TypeError(f"the model's forward returned no floating-point tensor ({type(output).__name__})")
-        super().append(torch.stack([t.detach().abs().amax().float() for t in leaves]).amax())
+        super().append(summary(output))

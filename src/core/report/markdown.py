@@ -23,6 +23,7 @@ from ..stats import (
     T_INTERVAL_MIN_ROUNDS,
     Verdict,
     kernel_share,
+    measured_precision,
     one_off_peak,
     parity_cost,
     sentinel_spread,
@@ -64,6 +65,15 @@ def _parity_cell(r: CellResult) -> str:
     return f"{verdict} ({_margin(p.margin)})"
 
 
+def _precision_cell(r: CellResult) -> str:
+    """The precision the row measured as computing in, and what it declares where that differs."""
+    measured = measured_precision(r)
+    if measured is None or r.parity is None:
+        return "–"
+    declared = r.parity.declared_precision
+    return measured + (f" (declares {declared})" if declared and declared != measured else "")
+
+
 def _margin(value: float) -> str:
     """worst ÷ limit: two decimals, or two significant digits below 0.01 (a forward's error is ~1e-6
     of its limit, and "0.00" would read as no error at all)."""
@@ -94,6 +104,9 @@ def _device_table(results: list[CellResult], config: RunConfig) -> str:
         headers += ["CUDA peak alloc steady / one-off (MB)", "CUDA peak reserved (MB)"]
     headers.append("parity (worst ÷ limit)" if any(r.parity and r.parity.margin is not None for r in results)
                    else "parity (max rel. err)")
+    measured = any(measured_precision(r) for r in results)
+    if measured:
+        headers.append("computes in")
     rows = []
     for r in _sorted(results):
         s = r.step_s
@@ -119,6 +132,8 @@ def _device_table(results: list[CellResult], config: RunConfig) -> str:
                                                      r.cuda_peak_allocated_warmup_mb), r.cuda_peak_allocated_mb),
                     _num(r.cuda_peak_reserved_mb, 4)]
         row.append(_parity_cell(r))
+        if measured:
+            row.append(_precision_cell(r))
         rows.append(row)
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
@@ -215,12 +230,13 @@ def _parity_table(results: list[CellResult]) -> Optional[str]:
         groups = " / ".join(_num(e, 2) for e in _parity_groups(p).values())
         rows.append([md_cell(r.backend), "pass" if p.passed else "FAIL", _margin(p.margin),
                      md_cell(p.worst_tensor or "–"), _num(p.worst_error, 2), _num(p.worst_limit, 2),
-                     str(p.step), f"{p.tensors} ({len(p.not_judged)} noise)", groups])
+                     str(p.step), f"{p.tensors} ({len(p.not_judged)} not resolvable)",
+                     str(p.trajectory_steps or "–"), groups])
     if not rows:
         return None
     first = next(r.parity for r in results if r.parity is not None and r.parity.margin is not None)
     return tabulate(rows, headers=["backend", "parity", "worst ÷ limit", "worst tensor", "its error", "its limit",
-                                   "parity step", "tensors judged",
+                                   "parity step", "tensors judged", "steps' losses checked",
                                    " / ".join(_parity_groups(first)) + " rel. error"],
                     tablefmt="github", disable_numparse=True)
 
@@ -231,6 +247,16 @@ def _parity_groups(p: Any) -> dict[str, Optional[float]]:
         return {"output": p.output_rel_error, "buffer": p.buffer_rel_error}
     return {"loss": p.loss_rel_error, "grad": p.grad_rel_error, "weight": p.weight_rel_error,
             "buffer": p.buffer_rel_error}
+
+
+def _randomness_line(rows: list[CellResult]) -> str:
+    """What a workload that draws random numbers (dropout) was judged and timed with."""
+    if not any(r.parity is not None and r.parity.random for r in rows):
+        return ""
+    return (" The workload's step draws random numbers (dropout): every cell and the reference seed torch's "
+            "generator before each step, and inductor draws eager's random numbers "
+            "(`torch._inductor.config.fallback_random`), so a correct backend computes the same masks; compiled "
+            "rows were timed that way too, not with inductor's own generator.")
 
 
 def _parity_cost_line(rows: list[CellResult]) -> str:
@@ -291,7 +317,22 @@ def _speedup(r: CellResult) -> str:
 
 def _summary_line(v: Verdict, mode: str = "train") -> str:
     """Which backend to pick on this device, what it costs up front, and whether the win is real;
-    break-even counted in ``mode``'s steps (training steps, or forwards)."""
+    break-even counted in ``mode``'s steps (training steps, or forwards); then, apart, the fastest
+    row that computes in another precision than eager."""
+    line = _ranked_line(v, mode)
+    other = v.other_precision
+    if other is None:
+        return line
+    declared = other.parity.declared_precision if other.parity else None
+    measured = measured_precision(other)
+    how = f"computes in {measured}" + (f", though it declares {declared}" if declared and declared != measured else "")
+    return (line[:-1] if line.endswith(".") else line) + (
+        f". At another precision than eager's ({v.precision}): **{md_cell(other.backend)}** at {_speedup(other)} "
+        f"eager ({how}; its parity passed by that precision's own error).")
+
+
+def _ranked_line(v: Verdict, mode: str) -> str:
+    """The verdict among the rows at eager's precision."""
     best, device = v.best, md_cell(v.device)
     if best is None or best.step_s is None:
         return f"- **{device}**: no backend finished `ok`."
@@ -417,12 +458,22 @@ HOW_TO_READ = """\
 - **scaling efficiency** (with `--nproc`): global images/s ÷ (ranks × single-process images/s);
   **ranks identical**: every rank's weights after the first step equal rank 0's, bit for bit.
 - **parity (worst ÷ limit)**: {judged}
-  Each tensor passes when its norm-relative error ‖x − ref‖ / ‖ref‖ is at most 5 × fp32 eager's
-  own plus the backend's relative tolerance (1 % unless it declares more); the figure is the
-  worst tensor's error ÷ its limit (≤ 1 passes; the notes name the tensor). Tensors fp32 eager
-  itself gets more than 1 % wrong are rounding noise (a conv bias before BatchNorm) and not judged.
-  Under DDP the reference trains the same global batch in one process, slice by slice (each rank's
-  BatchNorm sees only its slice), and the ranks must also agree.
+  Every step runs on a new batch of the run's seeded sequence, the same for every backend.
+  Each tensor passes when its norm-relative error ‖x − ref‖ / ‖ref‖ is at most 5 × its
+  sensitivity (the largest error of three correct fp32 computations: eager, and eager perturbed
+  by a few ulps twice) plus the backend's relative tolerance (1 % unless it declares more), and
+  when its size along the reference (⟨x − ref, ref⟩ / ⟨ref, ref⟩) is within 5 × the same
+  computations' + 1 %. A row declaring bf16 or fp16 has each sensitivity raised to eager's own
+  error in that precision. The loss of every step of the first round must stay within 5 × the
+  perturbed run's drift + the tolerance of fp32 eager's over the same batches. The figure is the
+  worst check's error ÷ its limit (≤ 1 passes; the parity table names it). Tensors whose
+  sensitivity exceeds 1 % can't be resolved at this size (a conv bias before BatchNorm; at tiny
+  batches, what a near-zero gradient's sign decides) and are not judged. Under DDP the reference
+  trains the same global batch in one process, slice by slice (each rank's BatchNorm sees only
+  its slice), and the ranks must also agree.
+- **computes in**: the precision the row's first-step errors match best: fp32's, or eager's own
+  in bf16 (autocast), and on CUDA fp16 or TF32. A row that declares fp32 but computes in bf16 is
+  marked, and the summary ranks it apart from the rows at eager's precision.
 - **latency p50 / p90 / p99** (inference): percentiles of the batch latency over every measured
   step of every round (linear interpolation between order statistics: with fewer than 100
   samples p99 sits near the slowest step); one step is one batch's forward.
@@ -488,7 +539,8 @@ def render_markdown(report: RunReport, charts: Optional[list[tuple[str, str]]] =
         parity = _parity_table(rows)
         if parity:
             out += ["", f"Parity ({md_cell(device)}): each tensor's error against float64 eager after the same steps, "
-                        "÷ its limit (see How to read this)." + _parity_cost_line(rows), "", parity]
+                        "÷ its limit (see How to read this)." + _parity_cost_line(rows) + _randomness_line(rows),
+                    "", parity]
         scaling = _scaling_table(rows, config)
         if scaling:
             out += ["", _scaling_line(device, rows, config) or "", "", scaling]

@@ -28,7 +28,7 @@ import psutil
 
 from ..config import RunConfig
 from ..processes import die_with_parent
-from ..records import CellOrder, CellRecord, Shipped, Status
+from ..records import CellOrder, CellRecord, ReferencePlan, Shipped, Status
 from . import torchrun
 from .forkserver import ForkServer
 
@@ -181,15 +181,16 @@ class _PhaseReader:
 
 
 def spawn(backend: Any, workload: Any, device: str, config: RunConfig, workdir: str, cache_dir: str,
-          run_dir: Optional[str], on_phase: PhaseCallback, judge: bool = True) -> Outcome:
-    """One child process, or one torchrun job under ``--nproc``, from start to end (``judge``: see
-    ``CellOrder``)."""
+          run_dir: Optional[str], on_phase: PhaseCallback, judge: bool = True,
+          reference: Optional[ReferencePlan] = None) -> Outcome:
+    """One child process, or one torchrun job under ``--nproc``, from start to end (``judge`` and
+    ``reference``: see ``CellOrder``)."""
     os.makedirs(workdir)
     progress = os.path.join(workdir, "progress")
     order = CellOrder(sys_path=list(sys.path), backend=Shipped.of("backend", backend),
                       workload=Shipped.of("workload", workload), config=config, device=device,
                       result_path=os.path.join(workdir, "result.json"), cell_dir=workdir, run_dir=run_dir,
-                      progress_path=progress, judge=judge)
+                      progress_path=progress, judge=judge, reference=reference)
     order_path = os.path.join(workdir, "order.pkl")
     fd = os.open(order_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:

@@ -13,6 +13,9 @@ alike) with the drift sentinel timed at its start. Round 1 is the cell as
 above (cold compile, memory, parity); later rounds reuse the cell's compile
 cache and add their step samples, medians and warm compile times to its row.
 
+Before a device's first cell, the parity reference every cell on it is judged against is
+computed in a child of its own (``cell/reference.py``), clean of any backend's settings.
+
 With ``--nproc N`` a cell is the torchrun job and then, when it is ``ok``,
 the backend in one process with one rank's threads and batch: the
 single-process throughput that scaling efficiency divides by, measured in
@@ -32,7 +35,7 @@ from typing import Any, Callable, Optional
 from ...backends import base
 from ...plugins import Registry
 from ..config import RunConfig
-from ..records import CellRecord, Status
+from ..records import CellRecord, ReferencePlan, Status
 from ..results import CellResult, RoundInfo, RunReport
 from ..stats import StepStats
 from . import torchrun
@@ -90,6 +93,11 @@ def run_cells(cells: list[Cell], config: RunConfig, registry: Registry, report: 
                            if _needs_round(report, Cell(n, slot), k)]
                     if not due:
                         continue
+                    reference_s = None
+                    if k == 1:
+                        progress.message(f"parity reference on {slot.name} (float64 and fp32 eager) ...")
+                        reference_s = ensure_reference([registry.get(n) for n in due], workload, slot, config,
+                                                       run_dir)
                     if config.rounds > 1:
                         log.append(RoundInfo(order=due, sentinel_s=sentinel_s(config.resolved_threads)))
                     for name in due:
@@ -100,6 +108,8 @@ def run_cells(cells: list[Cell], config: RunConfig, registry: Registry, report: 
                         result = run_cell(registry.get(name), registry.origin.get(name), slot, config, run_dir,
                                           progress.phase, workload, cache_dir=cache, judge=k == 1)
                         if k == 1:
+                            if reference_s is not None and result.parity is not None:
+                                result.parity.reference_s, reference_s = reference_s, None
                             result.rounds = [result.step_s.median] if result.step_s else None
                             report.add(result)
                             if result.status != Status.OK:
@@ -186,6 +196,13 @@ def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunC
     reason = slot.unavailable or _unavailable(backend, slot.name, config)
     if reason:
         return CellResult(status=Status.SKIPPED, error=reason, **row)
+    if run_dir is None:  # a cell on its own: a run directory of its own, with its reference
+        with tempfile.TemporaryDirectory(prefix="cnncompare-run-") as own:
+            reference_s = ensure_reference([backend], workload, slot, config, own) if judge else None
+            result = run_cell(backend, plugin, slot, config, own, on_phase, workload, cache_dir, judge)
+            if result.parity is not None:
+                result.parity.reference_s = reference_s
+            return result
     row.update(compile_cache=config.compile_cache)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="cnncompare-cell-") as cell_dir:
@@ -209,6 +226,46 @@ def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunC
     if result.status == Status.FAIL_COMPILE and plugin and result.error:
         result.error = f"plugin {plugin!r}: {result.error}"
     return result
+
+
+def reference_plan(backends: list[Any], config: RunConfig) -> ReferencePlan:
+    """What the reference must cover for ``backends`` on one device (``ReferencePlan``)."""
+    from ..cell.parity import parity_step
+
+    judged = [parity_step(base.min_warmup(b)) for b in backends] or [parity_step(0)]
+    steps = max(1 + max(config.warmup, n - 1) + config.steps for n in judged)
+    precisions = tuple(sorted({base.precision(b) for b in backends} - {"fp32"}))
+    shards = (config.nproc or 1) * config.nnodes if config.distributed else 1
+    return ReferencePlan(tuple(sorted(set(judged))), steps, precisions, shards)
+
+
+def ensure_reference(backends: list[Any], workload: Any, slot: DeviceSlot, config: RunConfig,
+                     run_dir: str) -> Optional[float]:
+    """Compute the parity reference for ``backends`` on ``slot`` into ``run_dir``, in a child of its
+    own; the seconds it took, None when it failed (the failure is left in ``run_dir`` for the
+    cells to report as the workload's: ``reference.Meta.load``) or no backend here can run."""
+    runnable = [b for b in backends if not (slot.unavailable or _unavailable(b, slot.name, config))]
+    if not runnable:
+        return None
+    from ..cell.reference import paths
+
+    if os.path.exists(paths(run_dir, slot.name)[1]):
+        return None
+    alone = config.single_process() if config.distributed else config
+    workdir = os.path.join(tempfile.mkdtemp(prefix="reference-", dir=run_dir), "child")
+    outcome = spawn(runnable[0], workload, slot.name, alone, workdir, os.path.join(workdir, "cache"), run_dir,
+                    lambda name, done, total: None, reference=reference_plan(runnable, config))
+    if outcome.succeeded and outcome.record is not None:
+        return outcome.record.compile_s
+    error = paths(run_dir, slot.name)[2]
+    if not os.path.exists(error):  # crashed or timed out before it could say why
+        from ..fileio import write_atomic
+
+        why = (outcome.record.error if outcome.record and outcome.record.error else
+               f"the parity reference's process ended with code {outcome.returncode}"
+               + (f" ({outcome.killed_for.value})" if outcome.killed_for else ""))
+        write_atomic(error, f"{why}; log: {outcome.log_tail or ''}".strip())
+    return None
 
 
 def _unavailable(backend: Any, device: str, config: RunConfig) -> Optional[str]:

@@ -31,6 +31,7 @@ def _provider(device: torch.device) -> str:
 
 class OnnxRuntime:
     name = "onnxruntime"
+    own_allocator = True  # its arena, not torch's: CUDA peaks can't see it
     description = ("torch.onnx.export (dynamo exporter), run by an ONNX Runtime InferenceSession (all graph "
                    "optimisations; CPU provider, CUDA's on CUDA devices with host copies counted)")
     modes = ("inference",)

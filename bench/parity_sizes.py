@@ -1,0 +1,98 @@
+"""Does every correct built-in pass parity at every size? Every built-in backend on every built-in
+workload, in training and in inference, at batch 2, 8 and 32.
+
+    python bench/parity_sizes.py [--out reports/parity-sizes.md] [--batches 2,8,32] [--workloads ...]
+
+A red row on a correct compiler is as wrong as a green row on a wrong one. Small batches are
+where a correct change of rounding moves a tensor most (a gradient summed over few values
+cancels; after a few Adam steps a near-zero gradient's sign decides a weight's direction), so
+this runs the smallest sizes a user may try. Each (workload, mode, batch) is one run of every
+backend that applies, one round, the default steps; the table gives each row's status and
+parity margin (worst ÷ limit), the check nearest its limit, and how many tensors the size
+leaves unresolvable. Timing is not the point: it may share the machine. The suite runs the
+smallest size of each workload in training (tests/test_parity_sizes.py).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tabulate import tabulate
+
+from cnncompare.core.config import RunConfig, WorkloadSpec
+from cnncompare.core.records import Status
+from cnncompare.core.results import RunReport
+from cnncompare.core.run.devices import DeviceSlot
+from cnncompare.core.run.orchestrate import plan_cells, run_cells
+from cnncompare.plugins import load_registry
+
+WORKLOADS = {
+    "seed-cnn": WorkloadSpec("seed-cnn", {}, "image"),
+    "resnet": WorkloadSpec("resnet", {}, "image"),
+    "transformer": WorkloadSpec("transformer", {}, "sequence", "token", 64),  # 64 tokens per sequence
+}
+
+
+def builtin_backends(mode: str) -> tuple[str, ...]:
+    from cnncompare.backends import base
+
+    registry = load_registry(entry_points=False)
+    return tuple(name for name, backend in registry.backends.items()
+                 if registry.origin.get(name, "").startswith("cnncompare.") and base.in_all(backend)
+                 and base.mode_reason(backend, mode) is None)
+
+
+def run(workload: str, mode: str, batch: int) -> RunReport:
+    config = RunConfig(backends=builtin_backends(mode), devices=("cpu",), workload=WORKLOADS[workload], batch_size=batch, mode=mode,
+                       rounds=1, compile_threads=1)
+    registry = load_registry(entry_points=False)
+    report = RunReport(environment={}, config=config)
+    run_cells(plan_cells(config, [DeviceSlot("cpu")]), config, registry, report, on_result=lambda rep: None)
+    return report
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("reports/parity-sizes.md"))
+    parser.add_argument("--batches", default="2,8,32")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--modes", default="train,inference")
+    args = parser.parse_args(argv)
+    # Cells share inductor's kernel cache (as the suite does): the compile is not what is measured.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="parity-sizes-inductor-"))
+    rows, failures, start = [], 0, time.perf_counter()
+    for workload in args.workloads.split(","):
+        for mode in args.modes.split(","):
+            for batch in (int(b) for b in args.batches.split(",")):
+                report = run(workload, mode, batch)
+                for r in report.results:
+                    p = r.parity
+                    correct = r.status in (Status.OK, Status.SKIPPED)
+                    failures += not correct
+                    rows.append([workload, mode, batch, r.backend, r.status.value,
+                                 f"{p.margin:.2f}" if p and p.margin is not None else "–",
+                                 (p.worst_tensor or "–") if p else (r.error or "")[:80],
+                                 f"{p.tensors} / {len(p.not_judged)}" if p else "–",
+                                 (p.precision or "–") if p else "–"])
+                print(f"{workload} {mode} batch {batch}: "
+                      + ", ".join(f"{r.backend} {r.status.value}" for r in report.results), file=sys.stderr)
+    table = tabulate(rows, headers=["workload", "mode", "batch", "backend", "status", "margin", "worst check",
+                                    "judged / not resolvable", "computes in"], tablefmt="github")
+    import torch
+
+    text = (f"# Parity of every built-in at small batches\n\n`python bench/parity_sizes.py` on this project's 2-core "
+            f"CPU machine, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+            f"{time.perf_counter() - start:.0f} s. Each (workload, mode, batch) is one run of every built-in that "
+            f"applies (default workload options, steps and warm-up, one round). A row that is not `ok` (or "
+            f"`skipped`, with its reason) is a correct backend the check failed: {failures} here.\n\n{table}\n")
+    args.out.write_text(text)
+    print(text)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
