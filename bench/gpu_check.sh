@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole GPU check (issue 14) as one command that fits a short device lease.
+# The whole GPU check as one command that fits a short device lease.
 #
 # Before the lease, here (once): the wheels the image lacks, into .whl/ (git-ignored, carried):
 #     bash bench/gpu_wheels.sh

@@ -43,18 +43,20 @@ from cnncompare.workloads.seed_cnn import SeedCNNWorkload
 
 
 def _step(config: RunConfig):
+    """The same step as the cell's, over the same pool of batches: a new one every step."""
     job = Job(SeedCNNWorkload(), config)
     model = job.build_model(torch.device("cpu"))
-    x, y = job.make_batch(torch.device("cpu"))
-    return make_train_step(model, make_optimizer(model.parameters(), config.lr), job.loss), x, y
+    pool = job.batches(torch.device("cpu"))
+    return make_train_step(model, make_optimizer(model.parameters(), config.lr), job.loss), pool
 
 
 def bare_loop(config: RunConfig) -> list[float]:
-    step, x, y = _step(config)
-    for _ in range(config.warmup + 1):
-        step(x, y)
+    step, pool = _step(config)
+    for k in range(config.warmup + 1):
+        step(*pool[k % len(pool)])
     samples = []
-    for _ in range(config.steps):
+    for k in range(config.warmup + 1, config.warmup + 1 + config.steps):
+        x, y = pool[k % len(pool)]
         start = time.perf_counter()
         step(x, y)
         samples.append(time.perf_counter() - start)
@@ -64,10 +66,12 @@ def bare_loop(config: RunConfig) -> list[float]:
 def torch_timer(config: RunConfig) -> list[float]:
     from torch.utils.benchmark import Timer
 
-    step, x, y = _step(config)
-    for _ in range(config.warmup + 1):
-        step(x, y)
-    timer = Timer("step(x, y)", globals={"step": step, "x": x, "y": y}, num_threads=torch.get_num_threads())
+    step, pool = _step(config)
+    for k in range(config.warmup + 1):
+        step(*pool[k % len(pool)])
+    batches = iter(pool[k % len(pool)] for k in range(config.warmup + 1, config.warmup + 1 + config.steps))
+    timer = Timer("step(*next(batches))", globals={"step": step, "batches": batches},
+                  num_threads=torch.get_num_threads())
     return [timer.timeit(1).mean for _ in range(config.steps)]
 
 

@@ -22,9 +22,9 @@ for extra in (ROOT / "tests", ROOT / "plugins" / "cnncompare-amp" / "tests"):
     sys.path.insert(0, str(extra))  # the wrong backends, importable in the cells too
 
 import test_amp  # noqa: E402
-import wrong_backends  # noqa: E402
 
 import cnncompare_amp  # noqa: E402
+import wrong_backends  # noqa: E402
 from cnncompare.core.config import RunConfig  # noqa: E402
 from cnncompare.core.results import RunReport  # noqa: E402
 from cnncompare.core.run.devices import DeviceSlot  # noqa: E402

@@ -15,7 +15,6 @@ smallest size of each workload in training (tests/test_parity_sizes.py).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -46,6 +45,19 @@ def builtin_backends(mode: str) -> tuple[str, ...]:
                  and base.mode_reason(backend, mode) is None)
 
 
+def share_kernel_cache(path: str) -> None:
+    """Every cell compiles into one inductor cache (as the suite does): a kernel an earlier cell
+    built is loaded, not rebuilt. The compile is not what this measures."""
+    from cnncompare.core.run import launch
+
+    own = launch.child_env
+
+    def child_env(cache_dir, config):
+        return {**own(cache_dir, config), "TORCHINDUCTOR_CACHE_DIR": path}
+
+    launch.child_env = child_env
+
+
 def run(workload: str, mode: str, batch: int) -> RunReport:
     config = RunConfig(backends=builtin_backends(mode), devices=("cpu",), workload=WORKLOADS[workload], batch_size=batch, mode=mode,
                        rounds=1, compile_threads=1)
@@ -62,8 +74,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--modes", default="train,inference")
     args = parser.parse_args(argv)
-    # Cells share inductor's kernel cache (as the suite does): the compile is not what is measured.
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="parity-sizes-inductor-"))
+    share_kernel_cache(tempfile.mkdtemp(prefix="parity-sizes-inductor-"))
     rows, failures, start = [], 0, time.perf_counter()
     for workload in args.workloads.split(","):
         for mode in args.modes.split(","):

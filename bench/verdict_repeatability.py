@@ -7,7 +7,7 @@ Runs ``cnncompare --backends all --devices cpu`` (what ``make report`` runs, at 
 config: rounds, steps, warm-up) twice in a row, writing run A to ``OUT.md/.json/.csv`` and run
 B to ``OUT-repeat.md/.json``, then prints, for every backend ``ok`` in both, its speedup over
 eager in each run and the change, the worst change, whether both runs name the same pick (or
-the same tie), and each run's wall time. The goal (issue 13): the same verdict, and every
+the same tie), and each run's wall time. The goal: the same verdict, and every
 speedup within 3 % of the other run's. Run it alone on the machine: another job on the cores
 moves the figures by 10 % or more.
 """

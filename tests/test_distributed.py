@@ -71,13 +71,14 @@ def test_reference_for_two_slices_is_not_the_one_process_batch(tiny_config):
 
     import torch
 
-    from cnncompare.core.cell.parity import eager_trajectory
+    from cnncompare.core.cell.reference import trajectory
     from cnncompare.core.cell.training import Job
     from cnncompare.workloads.seed_cnn import SeedCNNWorkload
 
     config = tiny_config()
-    sliced = eager_trajectory(Job(SeedCNNWorkload(), config), torch.device("cpu"), torch.float64, 3, shards=2)
-    whole = eager_trajectory(Job(SeedCNNWorkload(), replace(config, batch_size=8)), torch.device("cpu"), torch.float64, 3)
+    at = frozenset({1, 3})
+    sliced, _ = trajectory(Job(SeedCNNWorkload(), config), torch.device("cpu"), torch.float64, 3, at, shards=2)
+    whole, _ = trajectory(Job(SeedCNNWorkload(), replace(config, batch_size=8)), torch.device("cpu"), torch.float64, 3, at)
     for key in ("step1/grad:features.0.weight", "step3/weight:features.0.weight"):
         assert not torch.allclose(sliced[key], whole[key], rtol=1e-6, atol=0)
     # DDP broadcasts rank 0's buffers: the running statistics are rank 0's slice's, not the batch's.

@@ -182,7 +182,9 @@ def test_rounds_shuffle_the_backends_reuse_the_cache_and_give_an_interval(tmp_pa
     trace = rows["jit-trace"]
     assert trace.warm_compile_s == trace.round_compile_s[1] and trace.round_compile_s[0] == trace.compile_s
     data = json.loads(report.to_json())
-    assert set(data["verdict"]["cpu"]) == {"pick", "best", "speedup", "speedup_ci", "tied_with"}
+    assert set(data["verdict"]["cpu"]) == {"pick", "best", "speedup", "speedup_ci", "tied_with", "precision",
+                                          "fastest_other_precision"}
+    assert data["verdict"]["cpu"]["precision"] == "fp32"
     again = RunReport.from_json(report.to_json())  # the JSON keeps what the verdict needs
     assert again.verdicts["cpu"].to_dict() == data["verdict"]["cpu"]
     assert again.round_log == report.round_log

@@ -78,11 +78,38 @@ def _verdict(*rows):
     return stats.verdict("cpu", rows)
 
 
+def _measured(row, precision, declared="fp32"):
+    from cnncompare.core.records import Parity
+
+    row.parity = Parity(passed=True, reference="float64 eager", multiplier=5.0, tolerance=0.01, loss_rel_error=0.0,
+                        grad_rel_error=0.0, weight_rel_error=0.0, eager_loss_rel_error=0.0, eager_grad_rel_error=0.0,
+                        eager_weight_rel_error=0.0, precision=precision, declared_precision=declared)
+    return row
+
+
+def test_a_row_at_another_precision_is_named_apart_never_ranked_over_eagers_precision():
+    eager = _measured(_row("eager", [1.0, 1.0, 1.0]), "fp32")
+    fused = _measured(_row("fused", [0.8, 0.8, 0.8]), "fp32")
+    silent = _measured(_row("silent-bf16", [0.4, 0.4, 0.4]), "bf16")  # declares fp32, computes in bf16
+    v = _verdict(eager, fused, silent)
+    assert v.pick == "fused" and v.precision == "fp32" and v.other_precision is silent
+    data = v.to_dict()
+    assert data["fastest_other_precision"] == {"backend": "silent-bf16", "precision": "bf16", "speedup": 2.5,
+                                               "speedup_ci": [2.5, 2.5]}
+    from cnncompare.core.report.markdown import _summary_line
+
+    line = _summary_line(v)
+    assert "pick **fused**" in line and "**silent-bf16** at 2.50x" in line and "computes in bf16, though it declares fp32" in line
+    slower = _measured(_row("slow-bf16", [0.9, 0.9, 0.9]), "bf16", "bf16")
+    assert _verdict(eager, fused, slower).other_precision is None  # named only where it is faster
+
+
 def test_verdict_picks_the_fastest_ok_row_and_says_how_far_to_trust_it():
     eager, fast, wrong = _row("eager", [1.0, 1.0, 1.0]), _row("fast", [0.5, 0.5, 0.5]), _row("wrong", [0.1], Status.FAIL_ACCURACY)
     v = _verdict(eager, fast, wrong)
     assert v.best is fast and v.pick == "fast" and v.eager is eager and not v.overlaps_eager and not v.noisy
-    assert v.to_dict() == {"pick": "fast", "best": "fast", "speedup": 2.0, "speedup_ci": [2.0, 2.0], "tied_with": []}
+    assert v.to_dict() == {"pick": "fast", "best": "fast", "speedup": 2.0, "speedup_ci": [2.0, 2.0], "tied_with": [],
+                           "precision": None, "fastest_other_precision": None}
     close = _row("close", [0.9, 0.95, 1.05])
     v = _verdict(eager, close)
     assert v.overlaps_eager and v.pick is None and v.tied_with == ["eager"]  # its interval reaches 1.0

@@ -399,15 +399,15 @@ STEP_IS = {
 
 #: What parity judges, per mode (the rule that follows is the same).
 PARITY_JUDGES = {
-    "train": """the backend's training against float64 eager after the same steps:
-  every gradient and buffer (BatchNorm's running statistics and counts) after step 1; every
-  gradient, weight and buffer after the parity step (step 3 for the built-ins: after the backend's
-  warm-up, with Adam's state, CUDA graphs replaying, TorchScript optimised); the loss of every step
-  up to it.""",
+    "train": """the backend's training against float64 eager after the same steps on the
+  same batches: every gradient and buffer (BatchNorm's running statistics and counts) after step 1;
+  every gradient, weight (its last update) and buffer after the parity step (step 3 for the
+  built-ins: after the backend's warm-up, with Adam's state, CUDA graphs replaying, TorchScript
+  optimised); the loss of every step up to it; then every later step's loss against fp32 eager's.""",
     "inference": """the backend's forward against float64 eager's forward of the eval-mode
-  model on the same batch: the outputs and every buffer (BatchNorm's running statistics, which must
-  not move) after step 1 and after the parity step (step 3 for the built-ins: after the backend's
-  warm-up, CUDA graphs replaying, TorchScript optimised).""",
+  model on the same batches: the outputs (against their spread) and every buffer (BatchNorm's
+  running statistics, which must not move) after step 1 and after the parity step (step 3 for the
+  built-ins), then every later forward's largest output against fp32 eager's.""",
 }
 
 
@@ -442,11 +442,12 @@ HOW_TO_READ = """\
   `--compile-threads`).
 - **achieved GFLOP/s, % of peak**: the step's FLOPs (torch.utils.flop_counter, forward +
   backward; the forward alone in inference) ÷ the median step time, against the best rate of a matmul probe on the same device in
-  the row's own precision (in brackets): fp32; tf32 for fp32 rows on CUDA where torch allows TF32
-  for matmuls or convolutions (cuDNN's convolutions do by default); bf16/fp16 for mixed-precision
-  rows. How far from the hardware the step runs.
+  the precision the step's FLOPs run in (in brackets): fp32; for fp32 rows on CUDA, TF32 or fp32
+  for convolutions and matmuls as torch's flags say, weighted by their FLOPs; bf16/fp16 for
+  mixed-precision rows. How far from the hardware the step runs.
 - **memory vs eager**: eager's steady peak ÷ this backend's (CUDA allocated where there is one,
-  else RSS); >1 uses less. One-off peaks are not compared.
+  else RSS); >1 uses less. One-off peaks are not compared. A CUDA-graph row is compared by
+  reserved memory; a backend with an allocator of its own gets none on CUDA.
 - **page faults / step, kernel CPU s / step**: over the measured steps, from `getrusage` (all
   threads of the cell's process). A page fault maps a fresh page the kernel must zero: tensors
   larger than glibc's mmap threshold are mapped anew each step, so a step that frees and

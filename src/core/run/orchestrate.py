@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import statistics
 import tempfile
@@ -228,6 +229,30 @@ def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunC
     return result
 
 
+#: References computed in this process, by what they depend on (``_reference_key``): a
+#: library user (or the test suite) running job after job on the same workload, config and
+#: device computes each once. Their files live in a directory removed when the process exits;
+#: a run's directory links to them.
+_REFERENCES: dict[str, str] = {}
+
+
+def _reference_key(workload: Any, slot: DeviceSlot, config: RunConfig, plan: ReferencePlan) -> str:
+    import json
+
+    job = {k: v for k, v in config.to_dict().items()
+           if k not in ("backends", "devices", "timeout_s", "max_memory_mb", "backend_options", "compile_cache",
+                        "compile_threads", "rounds")}
+    return json.dumps([slot.name, workload.name, job, plan.__dict__], sort_keys=True, default=str)
+
+
+def _process_dir(kind: str) -> str:
+    import atexit
+
+    path = tempfile.mkdtemp(prefix=f"cnncompare-{kind}-")
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
 def reference_plan(backends: list[Any], config: RunConfig) -> ReferencePlan:
     """What the reference must cover for ``backends`` on one device (``ReferencePlan``)."""
     from ..cell.parity import parity_step
@@ -241,31 +266,49 @@ def reference_plan(backends: list[Any], config: RunConfig) -> ReferencePlan:
 
 def ensure_reference(backends: list[Any], workload: Any, slot: DeviceSlot, config: RunConfig,
                      run_dir: str) -> Optional[float]:
-    """Compute the parity reference for ``backends`` on ``slot`` into ``run_dir``, in a child of its
-    own; the seconds it took, None when it failed (the failure is left in ``run_dir`` for the
-    cells to report as the workload's: ``reference.Meta.load``) or no backend here can run."""
+    """Make the parity reference for ``backends`` on ``slot`` available in ``run_dir``: computed
+    in a child of its own, or linked from this process's earlier computation of the same one.
+    Returns the seconds computing it took, None when it failed (the failure is left in
+    ``run_dir`` for the cells to report as the workload's: ``reference.Meta.load``) or no
+    backend here can run."""
+    from ..cell.reference import Meta, paths
+
     runnable = [b for b in backends if not (slot.unavailable or _unavailable(b, slot.name, config))]
     if not runnable:
         return None
+    plan = reference_plan(runnable, config)
+    key = _reference_key(workload, slot, config, plan)
+    if key not in _REFERENCES:
+        _REFERENCES[key] = _compute_reference(runnable[0], workload, slot, config, plan)
+    for cached, linked in zip(paths(_REFERENCES[key], slot.name), paths(run_dir, slot.name)):
+        if os.path.exists(cached) and not os.path.exists(linked):
+            os.symlink(cached, linked)
+    try:
+        return Meta.load(run_dir, slot.name).seconds
+    except Exception:
+        return None
+
+
+def _compute_reference(backend: Any, workload: Any, slot: DeviceSlot, config: RunConfig,
+                       plan: ReferencePlan) -> str:
+    """Compute a reference into a directory of this process's; the directory."""
     from ..cell.reference import paths
 
-    if os.path.exists(paths(run_dir, slot.name)[1]):
-        return None
+    where = _process_dir("reference")
     alone = config.single_process() if config.distributed else config
-    workdir = os.path.join(tempfile.mkdtemp(prefix="reference-", dir=run_dir), "child")
-    outcome = spawn(runnable[0], workload, slot.name, alone, workdir, os.path.join(workdir, "cache"), run_dir,
-                    lambda name, done, total: None, reference=reference_plan(runnable, config))
-    if outcome.succeeded and outcome.record is not None:
-        return outcome.record.compile_s
-    error = paths(run_dir, slot.name)[2]
-    if not os.path.exists(error):  # crashed or timed out before it could say why
+    workdir = os.path.join(where, "child")
+    outcome = spawn(backend, workload, slot.name, alone, workdir, os.path.join(workdir, "cache"), where,
+                    lambda name, done, total: None, reference=plan)
+    error = paths(where, slot.name)[2]
+    if not outcome.succeeded and not os.path.exists(error):  # crashed or timed out before it could say why
         from ..fileio import write_atomic
 
         why = (outcome.record.error if outcome.record and outcome.record.error else
                f"the parity reference's process ended with code {outcome.returncode}"
                + (f" ({outcome.killed_for.value})" if outcome.killed_for else ""))
         write_atomic(error, f"{why}; log: {outcome.log_tail or ''}".strip())
-    return None
+    shutil.rmtree(workdir, ignore_errors=True)
+    return where
 
 
 def _unavailable(backend: Any, device: str, config: RunConfig) -> Optional[str]:
