@@ -39,14 +39,14 @@ def _assert_verdicts(rows: dict, correct: tuple, wrong: tuple, max_margin: float
         r = rows[name]
         assert r.status is Status.OK and r.parity.passed, (name, r.error, r.error_tail)
         assert r.parity.margin <= max_margin, (name, r.parity.worst_tensor, r.parity.margin)
-        assert r.parity.step == 3 and r.parity.tensors > 40 and r.parity.check_s > 0
+        assert r.parity.step == 3 and r.parity.tensors > 30 and r.parity.check_s > 0
         assert r.parity.precision == "fp32" and r.parity.trajectory_steps == steps
 
 
 def test_wrong_backends_fail_and_correct_ones_pass_at_the_tiny_config(tiny_config):
     correct = ("eager", "eager-fused", "channels-last")
-    rows = _run(tiny_config(backends=correct + WRONG, devices=("cpu",), steps=3))
-    _assert_verdicts(rows, correct, WRONG, max_margin=0.5, steps=6)
+    rows = _run(tiny_config(backends=correct + WRONG, devices=("cpu",), steps=5))
+    _assert_verdicts(rows, correct, WRONG, max_margin=0.5, steps=8)
     # The reference was computed once, in a process of its own; its cost is on the first row.
     assert rows["eager"].parity.reference_s > 0
     assert all(rows[name].parity.reference_s is None for name in correct[1:] + WRONG)

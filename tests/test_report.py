@@ -176,3 +176,18 @@ def test_an_inference_report_speaks_of_forwards_and_shows_a_tiny_margin():
     assert "pass (3.4e-06)" in md  # not "0.00", which reads as no error at all
     train = render_markdown(_report(eager, quick))
     assert "one training step (forward" in train and "the backend's training against float64" in train
+
+
+def test_the_table_says_what_each_row_computes_in_and_the_summary_ranks_another_precision_apart():
+    from dataclasses import replace
+
+    eager = CellResult(backend="eager", device="cpu", status=Status.OK, compile_s=0.0, first_step_s=1.0,
+                       step_s=StepStats.from_samples([1.0, 1.0, 1.0]),
+                       parity=replace(_parity(), precision="fp32", declared_precision="fp32"))
+    silent = CellResult(backend="silent", device="cpu", status=Status.OK, compile_s=1.0, first_step_s=1.0,
+                        step_s=StepStats.from_samples([0.4, 0.4, 0.4]),
+                        parity=replace(_parity(), precision="bf16", declared_precision="fp32", random=True))
+    md = render_markdown(_report(eager, silent))
+    assert "| computes in" in md and "bf16 (declares fp32)" in md
+    assert "At another precision than eager's (fp32): **silent** at 2.50x" in md
+    assert "draws random numbers" in md  # a workload with dropout says how it was judged and timed

@@ -282,11 +282,21 @@ def compare_with_reference(got: dict[str, torch.Tensor], reference: dict, rtol: 
     sens, sens_scale, drift, source = _sensitivities(reference, precision)
     worst: tuple[float, str, float, float, str] = (-1.0, "", 0.0, 0.0, "")
     unresolved = [key for key in judged if reference["sens"][key] > NOISE_REL]
+    # How far this row's first step already was from the reference, in units of its sensitivity
+    # (the median over step 1's tensors, at least 1). A correct algorithm change starts further out
+    # than the perturbed runs (NHWC convolutions on this CPU: 0.36 % on a step-1 gradient where 16
+    # ulps move it 1e-6), and training amplifies both alike: later steps' sensitivities scale by it.
+    # A row that matched eager's rounding at step 1 keeps the tight limits; a row wrong at step 1
+    # fails there.
+    first = [rel_error(judged[k]) / sens[k] for k in judged
+             if k.startswith("step1/") and k not in unresolved and sens[k] > 0]
+    first_step_factor = max(1.0, statistics.median(first)) if first else 1.0
     for key, stat in judged.items():
         if key in unresolved:
             continue
-        norm_limit = PARITY_MULTIPLIER * sens[key] + rtol
-        scale_limit = PARITY_MULTIPLIER * sens_scale[key] + SCALE_RTOL
+        later = 1.0 if key.startswith("step1/") else first_step_factor
+        norm_limit = PARITY_MULTIPLIER * sens[key] * later + rtol
+        scale_limit = PARITY_MULTIPLIER * sens_scale[key] * later + SCALE_RTOL
         for check, error, most in (("", rel_error(stat), norm_limit), ("scale of ", scale_error(stat), scale_limit)):
             ratio = error / most if math.isfinite(error) else math.inf
             if ratio > worst[0]:
@@ -294,13 +304,6 @@ def compare_with_reference(got: dict[str, torch.Tensor], reference: dict, rtol: 
     checked = 0
     if losses is not None:
         checked = min(len(losses), len(reference["losses"]))
-        # How far this row's first step already was from the reference, in units of its
-        # sensitivity: a correct algorithm change (NHWC convolutions: 0.36 % on a step-1 gradient
-        # where 16 ulps move it 1e-6) starts further out than the perturbed run, and training
-        # amplifies both alike. A row that matched eager's rounding at step 1 gets the tight limit.
-        first = [rel_error(judged[k]) / sens[k] for k in judged
-                 if k.startswith("step1/") and k not in unresolved and sens[k] > 0]
-        first_step_factor = max(1.0, statistics.median(first)) if first else 1.0
         for k in range(checked):
             base = reference["losses"][k]
             error = abs(losses[k] - base) / max(abs(base), 1e-12) if math.isfinite(losses[k]) else math.inf
