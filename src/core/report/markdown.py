@@ -328,7 +328,7 @@ def _summary_line(v: Verdict, mode: str = "train") -> str:
     how = f"computes in {measured}" + (f", though it declares {declared}" if declared and declared != measured else "")
     return (line[:-1] if line.endswith(".") else line) + (
         f". At another precision than eager's ({v.precision}): **{md_cell(other.backend)}** at {_speedup(other)} "
-        f"eager ({how}; its parity passed by that precision's own error).")
+        f"eager ({how}; parity passed).")
 
 
 def _ranked_line(v: Verdict, mode: str) -> str:
