@@ -24,8 +24,9 @@ forward's largest output magnitude.
 
 The rules, with ``s`` the tensor's *sensitivity* (the largest error of three correct fp32
 computations: plain eager and two perturbed by 256 ulps; ``reference.py`` says why one is not
-enough), scaled for every step after the first by ``f`` (below), ``rtol`` the backend's ``parity_rtol`` (the room a correct fp32 algorithm change needs:
-NHWC convolutions, a fused optimizer, inductor's reordered reductions):
+enough), scaled for every step after the first by ``f`` (below), and ``rtol`` the backend's
+``parity_rtol`` (the room a correct fp32 algorithm change needs: NHWC convolutions, a fused
+optimizer, inductor's reordered reductions):
 
 - norm:  ``||t - ref|| / ||ref|| <= PARITY_MULTIPLIER * s + rtol`` (weights: over the
   reference's last update ``||ref - ref_before||``; outputs: over their spread
