@@ -45,6 +45,7 @@ from torch import nn
 from ...workloads.factory import WorkloadError
 from ..fileio import write_atomic
 from ..records import ReferencePlan
+from .parity import UNIT_ROUNDOFF
 from .training import Job, make_optimizer, output_tensors, step_seed, summary
 
 #: Relative amplitude of the perturbed fp32 runs: 256 fp32 ulps (2^-16). Whether a few Adam
@@ -56,11 +57,6 @@ JITTER = 2.0**-16
 #: Reduced precisions a row's measured precision is named from, by device type.
 CANDIDATES = {"cpu": ("bf16",), "cuda": ("tf32", "fp16", "bf16")}
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
-#: Unit roundoff of each reduced precision: a perturbed run in it moves every value by up to it,
-#: so a value may round to either neighbour. Measured at the seed config: perturbed by half of
-#: it, bf16 eager's last BatchNorm-weight update moved 0.1 % in scale where compile-amp-bf16's
-#: (a correct bf16 recipe) is 3.5 % off; by all of it, enough to cover that.
-UNIT_ROUNDOFF = {"tf32": 2.0**-11, "bf16": 2.0**-8, "fp16": 2.0**-11}
 
 
 def paths(run_dir: str, device: str) -> tuple[str, str, str]:
@@ -275,6 +271,10 @@ def compute(job: Job, device: torch.device, plan: ReferencePlan) -> dict:
             full = p in plan.precisions
             try:
                 computed = run(torch.float32, steps if full else 1, snap_at if full else frozenset({1}), precision=p)
+                # Unit roundoff of each reduced precision: a perturbed run in it moves every value by up to it,
+                # so a value may round to either neighbour. Measured at the seed config: perturbed by half of
+                # it, bf16 eager's last BatchNorm-weight update moved 0.1 % in scale where compile-amp-bf16's
+                # (a correct bf16 recipe) is 3.5 % off; by all of it, enough to cover that.
                 perturbed_p = [run(torch.float32, steps, snap_at, precision=p, perturb=3,
                                    amplitude=UNIT_ROUNDOFF[p])[0]] if full else []
             except Exception as exc:  # autocast in that dtype unsupported here: that precision isn't named
