@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from _usage import usage_error
 from cnncompare.cli import main
 
 
@@ -62,9 +63,7 @@ def test_bad_values_are_one_line_and_exit_2(capsys, argv, fragment):
     code, out, err = _run(capsys, *argv)
     assert code == 2
     assert out == ""
-    assert err.count("\n") == 1 and err.startswith("cnncompare: error: ")
-    assert fragment in err
-    assert "Traceback" not in err
+    assert fragment in usage_error(err)
 
 
 def test_unwritable_outputs_are_refused(capsys, tmp_path):
@@ -89,7 +88,8 @@ def test_unwritable_outputs_are_refused(capsys, tmp_path):
     for argv, option, fragment in cases:
         code, out, err = _run(capsys, *argv)
         assert code == 2, argv
-        assert err.startswith(f"cnncompare: error: {option}") and fragment in err, err
+        line = usage_error(err)
+        assert line.startswith(f"cnncompare: error: {option}") and fragment in line, err
     assert list(a_dir.iterdir()) == []
 
 
@@ -120,7 +120,7 @@ def test_version(capsys):
 
 
 def test_backend_patterns_and_all_is_the_curated_set():
-    from cnncompare.cli import _select_backends
+    from cnncompare.cli.select import backends as _select_backends
     from cnncompare.plugins import load_registry
 
     reg = load_registry(entry_points=False)
@@ -148,4 +148,66 @@ def test_plugins_command_lists_builtins_with_distribution(capsys):
     code, out, _ = _run(capsys, "plugins", "--json")
     assert code == 0 and '"hooks": [\n      "cnncompare_register_backends"' in out
     code, _, err = _run(capsys, "plugins", "--bogus")
-    assert code == 2 and err.startswith("cnncompare: error: ")
+    assert code == 2 and "unrecognized arguments: --bogus" in usage_error(err, "cnncompare list")
+
+
+def test_the_commands_are_subcommands_and_a_bare_command_line_is_run(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert all(command in out for command in ("run", "list", "compare", "report", "docs"))
+    code, out, _ = _run(capsys, "list", "backends", "--devices", "cpu")
+    assert code == 0 and "compile-step" in out and "workload" not in out.splitlines()[0]
+    code, out, _ = _run(capsys, "list", "workloads")
+    assert code == 0 and out.startswith("workload") and "seed-cnn (default)" in out
+    code, out, _ = _run(capsys, "list", "--json", "--devices", "cpu")
+    listed = json.loads(out)
+    assert {"backends", "workloads", "plugins"} == set(listed)
+    assert next(b for b in listed["backends"] if b["name"] == "eager")["unavailable"] == {"cpu": None}
+    code, _, err = _run(capsys, "run", "--seed", "x")  # the same run options, named or not
+    assert code == 2 and "argument --seed: expected a whole number, got 'x'" in usage_error(err)
+
+
+def test_dry_run_prints_the_plan_and_an_estimate_from_an_earlier_run_and_runs_nothing(capsys, tmp_path):
+    from cnncompare.core.config import RunConfig, WorkloadSpec
+    from cnncompare.core.records import Status
+    from cnncompare.core.report.data import render_json
+    from cnncompare.core.results import CellResult, RunReport
+
+    argv = ["--devices", "cpu", "--backends", "eager,compile-reduce-overhead", "--image-size", "8", "--batch-size", "4",
+            "--dry-run", "--output", str(tmp_path / "runs" / "r.md")]
+    code, out, _ = _run(capsys, *argv)
+    assert code == 0 and "cpu: 1 cells x 3 rounds: eager" in out
+    assert "skipped: compile-reduce-overhead (mode='reduce-overhead' records CUDA graphs" in out
+    assert "Estimated time: unknown" in out and not (tmp_path / "runs").exists()
+    workload = WorkloadSpec("seed-cnn", {"image_size": 8, "in_channels": 3, "num_classes": 10}, "image")
+    earlier = RunReport(environment={"cpu": "CPU A"}, config=RunConfig(batch_size=4, workload=workload, rounds=1),
+                        started_at="2026-12-06T08:00:00+00:00", finished_at="2026-12-06T08:02:00+00:00")
+    earlier.results = [CellResult(backend=name, device="cpu", status=Status.OK) for name in ("eager", "compile")]
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "earlier.json").write_text(render_json(earlier))
+    code, out, _ = _run(capsys, *argv)
+    # 2 cell-rounds took 2 min: 1 cell x 3 rounds now
+    assert code == 0 and "Estimated time: about 3 min" in out
+    assert "earlier.json: 2 cell-rounds took 2.0 min on CPU A" in out
+
+
+def test_a_harness_failure_exits_3_and_keeps_the_report(capsys, tmp_path, monkeypatch):
+    from cnncompare.core.run import orchestrate
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug in the harness")
+
+    monkeypatch.setattr(orchestrate, "run_cells", broken)
+    code, out, err = _run(capsys, "--devices", "cpu", "--backends", "eager", "--output", str(tmp_path / "r.md"))
+    assert code == 3 and "a bug in the harness" in err
+    assert "the harness failed: RuntimeError: a bug in the harness" in (tmp_path / "r.md").read_text()
+
+
+def test_docs_prints_the_manual_by_topic(capsys):
+    code, out, _ = _run(capsys, "docs")
+    assert code == 0 and any(line.startswith("cli ") for line in out.splitlines())
+    code, out, _ = _run(capsys, "docs", "cli")
+    assert code == 0 and out.startswith("# The command line")
+    code, _, err = _run(capsys, "docs", "nope")
+    assert code == 2 and "unknown topic 'nope'" in usage_error(err, "cnncompare docs")

@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from _tiny import TINY_WORKLOAD
+from _usage import usage_error
 from cnncompare.cli import main
 from cnncompare.core.config import RunConfig
 from cnncompare.core.records import Status
@@ -61,7 +62,7 @@ def test_compare_cli_prints_tables_and_gates(tmp_path, capsys):
     assert "| compile" in out and "slower" in out and "within noise" in out
     assert "not comparable (base ok, new fail_run)" in out
     assert "Mann-Whitney U" in out
-    assert main(["compare", base, new, "--fail-above", "10"]) == 1
+    assert main(["compare", base, new, "--fail-above", "10"]) == 1  # EXIT_FOUND: a regression, not a failure
     assert "failed: compile on cpu (+2" in capsys.readouterr().out
     assert main(["compare", base, new, "--fail-above", "50"]) == 0
     assert "passed" in capsys.readouterr().out
@@ -82,8 +83,8 @@ def test_compare_shows_a_changed_workload(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, fragment", [
-    (["compare", "missing.json", "missing2.json"], "base: 'missing.json' does not exist"),
-    (["compare", "x.json"], "the following arguments are required: new"),
+    (["compare", "missing.json", "missing2.json"], "BASE.json: 'missing.json' does not exist"),
+    (["compare", "x.json"], "the following arguments are required: NEW.json"),
     (["compare", "a", "b", "--fail-above", "-1"], "--fail-above: must be a percentage >= 0"),
     (["compare", "a", "b", "--alpha", "2"], "--alpha: must be between 0 and 1"),
     (["report"], "the following arguments are required: RUN.json"),
@@ -91,7 +92,7 @@ def test_compare_shows_a_changed_workload(tmp_path, capsys):
 def test_subcommand_bad_input(capsys, argv, fragment):
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith("cnncompare: error: ") and fragment in err and err.count("\n") == 1
+    assert fragment in usage_error(err, f"cnncompare {argv[0]}")
 
 
 def test_merged_report_has_every_run_and_environment(tmp_path, capsys):

@@ -1,4 +1,5 @@
-"""The plugin author's guide matches the code: every hook and optional member is documented, every hook tested."""
+"""The docs match the code: every hook and optional member in the plugin guide, every flag of every
+command in docs/cli.md (and nothing there that isn't a flag), every link inside the repository."""
 import inspect
 import re
 from pathlib import Path
@@ -8,6 +9,7 @@ from cnncompare.backends import base
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = (ROOT / "docs" / "plugins.md").read_text()
+CLI_DOC = (ROOT / "docs" / "cli.md").read_text()
 HOOKS = {n: f for n, f in vars(hookspecs).items() if n.startswith("cnncompare_") and callable(f)}
 
 
@@ -33,13 +35,81 @@ def test_every_optional_member_is_documented_in_the_guide_and_the_protocol():
         assert hasattr(base, helper)
 
 
-def test_every_command_line_flag_is_in_the_readme_synopsis():
-    from cnncompare.cli import build_parser
+def _synopsis() -> dict[str, str]:
+    """docs/cli.md's synopsis block, per command: its text from ``cnncompare [run]`` or
+    ``cnncompare <command>`` to the next command."""
+    block = CLI_DOC.split("```")[1]
+    parts = re.split(r"^cnncompare (\[run\]|list|compare|report|docs|--version)", block, flags=re.M)
+    return {("run" if name == "[run]" else name): text for name, text in zip(parts[1::2], parts[2::2])}
 
+
+def _as_help_prints(action) -> str:
+    """One option as argparse's usage prints it: ``[--flag METAVAR]``, or a positional's metavar."""
+    from cnncompare.cli.parser import build_parser
+
+    formatter = build_parser()._get_formatter()
+    if not action.option_strings:
+        return formatter._format_args(action, formatter._get_default_metavar_for_positional(action))
+    args = formatter._format_args(action, formatter._get_default_metavar_for_optional(action)) if action.nargs != 0 else ""
+    return f"[{action.option_strings[0]}{' ' + args if args else ''}]"
+
+
+def test_every_flag_of_every_command_is_documented_as_help_prints_it_and_every_documented_flag_is_real():
+    from cnncompare.cli.parser import build_parser, options_of
+
+    documented = {name: " ".join(text.split()) for name, text in _synopsis().items()}
+    commands = options_of(build_parser())
+    assert set(commands) <= set(documented), set(commands) - set(documented)
+    for name, actions in commands.items():
+        assert actions
+        for action in actions:
+            assert _as_help_prints(action) in documented[name], (name, _as_help_prints(action))
+        real = {s for a in actions for s in a.option_strings}
+        assert set(re.findall(r"--[a-z][a-z-]*", documented[name])) <= real, (name, documented[name])
+
+
+def _links(path: Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    return re.findall(r"\]\(([^)\s]+)\)", text)
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's heading anchors in ``path``."""
+    out = set()
+    for heading in re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", path.read_text(), flags=re.S), flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower().strip()).replace(" ", "-")
+        out.add(slug)
+    return out
+
+
+def test_every_link_in_readme_docs_and_reports_resolves_inside_the_repository():
+    pages = [ROOT / "README.md", ROOT / "reports" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    checked = 0
+    for page in pages:
+        for link in _links(page):
+            assert "://" not in link and not link.startswith("mailto:"), f"{page.name}: {link} leaves the repository"
+            target, _, anchor = link.partition("#")
+            resolved = (page.parent / target).resolve() if target else page
+            assert resolved.exists(), f"{page.name}: {link} does not exist"
+            assert ROOT in resolved.parents or resolved == ROOT, f"{page.name}: {link} is outside the repository"
+            if anchor and resolved.suffix == ".md":
+                assert anchor in _anchors(resolved), f"{page.name}: {link}: no such heading"
+            checked += 1
+    assert checked > 30
+
+
+def test_no_doc_names_a_path_outside_the_repository_or_an_issue_number():
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = page.read_text()
+        assert "shared/" not in text and not re.search(r"\bissue \d+", text, flags=re.I), page.name
+
+
+def test_the_readme_is_a_front_door():
     readme = (ROOT / "README.md").read_text()
-    synopsis = readme[readme.index("## Command line"):readme.index("- Defaults:")]
-    flags = {s for a in build_parser()._actions for s in a.option_strings if s.startswith("--")}
-    assert flags and not {f for f in flags if f"[{f}" not in synopsis and f" {f} " not in synopsis}
+    assert len(readme.splitlines()) < 220
+    first_screen = "\n".join(readme.splitlines()[:30])
+    for command in ("pip install", "cnncompare --workload examples/my_model.py:build", "cnncompare docs"):
+        assert command in first_screen, command
 
 
 def _design_layout() -> set[str]:

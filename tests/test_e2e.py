@@ -105,7 +105,7 @@ def test_cli_end_to_end(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "cnncompare", "--backends", "eager", "--devices", "cpu,cuda",
          "--batch-size", "4", "--image-size", "8", "--steps", "3", "--warmup", "0", "--rounds", "1", "--threads", "1",
-         "--malloc", malloc, "--output", str(md), "--json", str(js)],
+         "--malloc", malloc, "--output", str(md), "--json", str(js), "--print-report"],
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
@@ -122,7 +122,7 @@ def test_cli_end_to_end(tmp_path):
     if not torch.cuda.is_available():
         (skipped,) = [r for r in data["results"] if r["device"] == "cuda"]
         assert skipped["status"] == "skipped" and "no CUDA device" in skipped["error"]
-    assert md.read_text() == proc.stdout.rstrip("\n") + "\n"
+    assert md.read_text() == proc.stdout.rstrip("\n") + "\n"  # --print-report: the whole report on stdout
 
 
 @pytest.mark.parametrize("backend", ["eager-fused", "channels-last", "aot-eager", "compile-step"])

@@ -118,10 +118,18 @@ def test_resume_refuses_a_changed_config(tmp_path):
     assert json.loads(saved.read_text())["results"] == []  # nothing was run or written
 
 
-def test_failed_cells_are_results_and_the_run_exits_0(tmp_path):
+def test_failed_cells_are_results_and_the_run_exits_0_unless_fail_on_names_their_status(tmp_path):
     proc = _start(tmp_path, "eager,raise-compile")
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     data = json.loads((tmp_path / "run.json").read_text())
     assert [(r["backend"], r["status"]) for r in data["results"]] == [("eager", "ok"), ("raise-compile", "fail_compile")]
-    assert "deliberate failure in compile" in (tmp_path / "run.md").read_text()
+    report = (tmp_path / "run.md").read_text()
+    assert "deliberate failure in compile" in report
+    # stdout is the summary; the whole report is in the file (--print-report prints it)
+    assert "## Summary" in report and "**cpu**" in out and "How to read this" not in out and "How to read this" in report
+    # The same finished run, resumed (nothing left to run) with a CI gate: exit 1, naming the cell.
+    gate = _start(tmp_path, "eager,raise-compile", "--resume", str(tmp_path / "run.json"), "--fail-on", "failed")
+    _, err = gate.communicate(timeout=300)
+    assert gate.returncode == 1, err
+    assert "--fail-on: 1 cell(s) ended in a failing status: raise-compile on cpu: fail_compile" in err

@@ -19,7 +19,7 @@ def fault_report():
     from _tiny import TINY
     from cnncompare.core.config import RunConfig
 
-    config = RunConfig(backends=("eager", *FAULTS), devices=("cpu",), timeout_s=25, max_memory_mb=1500, **TINY)
+    config = RunConfig(backends=("eager", *FAULTS), devices=("cpu",), timeout_s=12, max_memory_mb=1500, **TINY)
     registry = load_registry(extra_plugins=[fault_backends], entry_points=False)
     report = RunReport(environment={}, config=config)
     run_cells(plan_cells(config, [DeviceSlot("cpu")]), config, registry, report, lambda rep: None)

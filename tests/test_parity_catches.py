@@ -1,10 +1,11 @@
 """Parity catches backends that compute something else, and passes correct ones with margin.
 
-Each wrong backend (tests/wrong_backends.py) is written from the documented contract only. Both
-configs run whole cells in child processes, as a user's run does: the tiny one, and the seed
-study's (batch 128, 28x28) with one measured step, where the margins of the correct built-ins
-are held to at most half their limit. A backend that stops training after step 4 shows only
-from step 6 on: the tiny config runs that far (the seed config's, in bench/parity_margins.py).
+Each wrong backend (tests/wrong_backends.py) is written from the documented contract only. The
+tiny config runs whole cells in child processes, as a user's run does, long enough (8 steps)
+for a backend that stops training after step 4 to show. The same backends at the seed study's
+config (batch 128, 28x28), where the correct built-ins' margins are held to at most half their
+limit, are bench/parity_margins.py's (output committed in reports/parity-margins.md): its float64
+reference alone takes a minute on 2 cores, more than the suite's budget gives one test.
 """
 import pytest
 
@@ -50,12 +51,3 @@ def test_wrong_backends_fail_and_correct_ones_pass_at_the_tiny_config(tiny_confi
     # The reference was computed once, in a process of its own; its cost is on the first row.
     assert rows["eager"].parity.reference_s > 0
     assert all(rows[name].parity.reference_s is None for name in correct[1:] + WRONG)
-
-
-def test_wrong_backends_fail_and_correct_ones_pass_with_margin_at_the_seed_config():
-    # jit-script and compile-step pass the same way (bench/parity_margins.py); the suite's budget holds one of each kind
-    correct = ("eager", "eager-fused", "channels-last", "jit-trace", "compile")
-    wrong = tuple(name for name in WRONG if name != "wrong-stale-after-4")
-    config = RunConfig(backends=correct + wrong, devices=("cpu",), steps=1, warmup=2, threads=2, rounds=1)
-    assert config.batch_size == 128 and config.workload.options.get("image_size", 28) == 28
-    _assert_verdicts(_run(config), correct, wrong, max_margin=0.5, steps=4)

@@ -65,6 +65,17 @@ def test_noise_and_overlap_rules():
     assert stats.kernel_share(0.3, 0.1) == pytest.approx(0.25) and stats.kernel_share(0.3, 0.0) is None
 
 
+def test_the_kernel_time_hint_is_for_eagers_cpu_row_under_the_system_allocator_from_the_threshold():
+    def eager(sys_s, device="cpu", status=Status.OK):
+        return CellResult(backend="eager", device=device, status=status, cpu_user_s_per_step=1.0, cpu_sys_s_per_step=sys_s)
+
+    assert stats.kernel_share_hint([eager(0.25)], "system") == pytest.approx(0.2)  # exactly at the threshold
+    assert stats.kernel_share_hint([eager(0.2)], "system") is None  # 1/6: below it
+    assert stats.kernel_share_hint([eager(0.5)], "reuse") is None  # the allocator already keeps freed memory
+    assert stats.kernel_share_hint([eager(0.5, device="cuda:0")], "system") is None  # the driver's time, not faults
+    assert stats.kernel_share_hint([eager(0.5, status=Status.FAIL_RUN)], "system") is None
+
+
 def _row(name, samples, status=Status.OK, rounds=None):
     rows = CellResult(backend=name, device="cpu", status=status, step_s=stats.StepStats.from_samples(samples))
     if rounds:
@@ -96,9 +107,9 @@ def test_a_row_at_another_precision_is_named_apart_never_ranked_over_eagers_prec
     data = v.to_dict()
     assert data["fastest_other_precision"] == {"backend": "silent-bf16", "precision": "bf16", "speedup": 2.5,
                                                "speedup_ci": [2.5, 2.5]}
-    from cnncompare.core.report.markdown import _summary_line
+    from cnncompare.core.report.summary import summary_line
 
-    line = _summary_line(v)
+    line = summary_line(v)
     assert "pick **fused**" in line and "**silent-bf16** at 2.50x" in line and "computes in bf16, though it declares fp32" in line
     slower = _measured(_row("slow-bf16", [0.9, 0.9, 0.9]), "bf16", "bf16")
     assert _verdict(eager, fused, slower).other_precision is None  # named only where it is faster

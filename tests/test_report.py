@@ -10,7 +10,8 @@ from cnncompare.core.cell import memory
 from cnncompare.core.config import RunConfig, malloc_supported
 from cnncompare.core.records import Parity, Status
 from cnncompare.core.report.data import render_json
-from cnncompare.core.report.markdown import md_cell, md_code, render_markdown
+from cnncompare.core.report.formatting import md_cell, md_code
+from cnncompare.core.report.markdown import render_markdown
 from cnncompare.core.results import CellResult, RunReport
 from cnncompare.core.stats import StepStats
 

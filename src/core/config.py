@@ -117,18 +117,18 @@ class RunConfig:
     lr: float = 1e-3
     #: None: the mode's default (``DEFAULT_STEPS``), resolved on construction.
     steps: int = option(None, "--steps", "measured steps per cell and round", minimum=1,
-                        shown_default="5 in training, 20 in inference")
+                        shown_default="5 in training, 20 in inference", metavar="N")
     warmup: int = option(3, "--warmup", "warm-up steps; at least 2 run (parity judges step 3), a backend may ask "
-                         "for more", minimum=0)
+                         "for more", minimum=0, metavar="N")
     rounds: int = option(
         3, "--rounds", "rounds per device: each runs every backend once, in a fresh process, in a new shuffled "
         "order, so drift hits every backend alike; the speedup is the median over rounds with a 95 %% interval; "
         "rounds after the first reuse the cell's compile cache (its compile times are reported as warm)",
         minimum=1, metavar="N")
-    seed: int = option(0, "--seed", "seed for weights and data", minimum=0)
+    seed: int = option(0, "--seed", "seed for weights and data", minimum=0, metavar="N")
     threads: Optional[int] = option(None, "--threads", "torch CPU threads", minimum=1,
-                                    shown_default="every available core")
-    timeout_s: float = option(600.0, "--timeout", "seconds per cell before its processes are killed")
+                                    shown_default="every available core", metavar="N")
+    timeout_s: float = option(600.0, "--timeout", "seconds per cell before its processes are killed", metavar="SECONDS")
     max_memory_mb: Optional[int] = option(
         None, "--max-memory", "kill a cell whose processes exceed this RSS, reported as oom", minimum=64,
         metavar="MB", shown_default="no cap")
@@ -138,7 +138,7 @@ class RunConfig:
     compile_threads: Optional[int] = option(
         None, "--compile-threads", "inductor compile workers (TORCHINDUCTOR_COMPILE_THREADS); 1 compiles "
         "in-process. Workers are processes of their own: their peak RSS is reported beside the cell's", minimum=1,
-        shown_default="torch's own (from this machine's cores), recorded per row")
+        shown_default="torch's own (from this machine's cores), recorded per row", metavar="N")
     malloc: str = option(
         "system", "--malloc", "system: the C library's allocator as your own script gets it; reuse (glibc): freed "
         "CPU memory is kept for the next step instead of returned to the kernel, so large tensors stop paying "
@@ -150,8 +150,8 @@ class RunConfig:
         "rank (weak scaling); CPU threads per rank = cores / N unless --threads", minimum=1, metavar="N",
         group=DISTRIBUTED, shown_default="one process, no DDP")
     nnodes: int = option(1, "--nnodes", "nodes in the job; run the same command on each with its --node-rank",
-                         minimum=1, group=DISTRIBUTED)
-    node_rank: int = option(0, "--node-rank", "this node's rank", minimum=0, group=DISTRIBUTED)
+                         minimum=1, group=DISTRIBUTED, metavar="N")
+    node_rank: int = option(0, "--node-rank", "this node's rank", minimum=0, group=DISTRIBUTED, metavar="R")
     rdzv_endpoint: Optional[str] = option(
         None, "--rdzv-endpoint", "torchrun's c10d rendezvous, the same on every node", metavar="HOST:PORT",
         group=DISTRIBUTED, shown_default="--standalone on one node")

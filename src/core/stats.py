@@ -105,6 +105,15 @@ def kernel_share(user_s: Optional[float], sys_s: Optional[float]) -> Optional[fl
     return sys_s / (sys_s + (user_s or 0.0))
 
 
+def kernel_share_hint(rows: Sequence["CellResult"], malloc: str) -> Optional[float]:
+    """Eager's kernel share of its CPU step where the report should point at ``--malloc reuse``, else None:
+    only for eager's ``ok`` CPU row (on an accelerator the host's kernel time is the driver's, not page
+    faults), only under the system allocator, and only from ``KERNEL_SHARE_HINT`` up."""
+    eager = next((r for r in rows if r.backend == "eager" and r.status is Status.OK and r.device == "cpu"), None)
+    share = kernel_share(eager.cpu_user_s_per_step, eager.cpu_sys_s_per_step) if eager and malloc == "system" else None
+    return share if share is not None and share >= KERNEL_SHARE_HINT else None
+
+
 @dataclass
 class ParityCost:
     """What the parity check cost on one device: computing the shared float64 reference (once),

@@ -7,17 +7,20 @@ trains the workload eagerly over the run's batches (``training.Job.batches``):
 
 - in float64: the truth, to the deepest parity step any planned backend has;
 - in fp32, three times: plain, and twice with every module's output and gradient perturbed by
-  a seeded relative ``JITTER`` (256 fp32 ulps). The largest of the three errors is each tensor's *sensitivity* to a correct change
-  of rounding. One fp32 run is a poor estimate: after a few Adam steps a near-zero gradient's
-  sign decides a weight's direction, and whether rounding flips it is a lottery (ResNet at
+  a seeded relative ``JITTER`` (256 fp32 ulps), the second only to the deepest parity step.
+  The largest of the three errors is each tensor's *sensitivity* to a correct change of rounding.
+  One fp32 run is a poor estimate: after a few Adam steps a near-zero gradient's sign decides a
+  weight's direction, and whether rounding flips it is a lottery (ResNet at
   batch 2: fp32 eager 2.8e-5 off float64 at step 3, the same step perturbed by 8 ulps 10 %,
   a correct compile 2.2 %).
-  Every fp32 run runs every step a cell runs (``steps``): plain fp32's losses are the trajectory
-  the later steps are held to, the perturbed runs' largest departure from it their drift;
+  Plain fp32 and the first perturbed run run every step a cell runs (``steps``): plain fp32's
+  losses are the trajectory the later steps are held to, the perturbed runs' largest departure
+  from it their drift;
 - in each reduced precision the device has (autocast bf16; on CUDA also fp16, and fp32 with
   TF32): one step, so each row's *measured* precision can be named from its errors; where a
-  planned backend declares that precision, over every step and twice (once perturbed by that
-  precision's unit roundoff), whose larger error then raises that backend's limits.
+  planned backend declares that precision, over every step (its drift from plain fp32's losses)
+  and again to the deepest parity step perturbed by that precision's unit roundoff; the larger
+  error of the two then raises that backend's limits.
 
 A workload that draws random numbers (dropout) is detected here (two forwards under other
 seeds differ); every cell and this reference then seed torch's generator before each step
@@ -121,17 +124,37 @@ def computing_in(precision: str, device: torch.device) -> Iterator[None]:
         yield
 
 
+class _Noise:
+    """Seeded uniform(-1, 1) noise of any shape, cheap: one buffer drawn once per device and dtype
+    (at least twice the largest request), each request a window of it at a seeded random offset.
+    Drawing every element afresh cost a perturbed run half again a plain one's time at the seed
+    config (5 s of 15); a window at a new offset is as random per element, step to step."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self.gens: dict[torch.device, torch.Generator] = {}
+        self.buffers: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+    def __call__(self, shape: torch.Size, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        n = math.prod(shape)
+        g = self.gens.setdefault(device, torch.Generator(device=device).manual_seed(self.seed))
+        buffer = self.buffers.get((device, dtype))
+        if buffer is None or buffer.numel() < 2 * n:
+            buffer = torch.empty(max(2 * n, 1 << 20), device=device, dtype=dtype).uniform_(-1, 1, generator=g)
+            self.buffers[(device, dtype)] = buffer
+        offset = int(torch.randint(0, buffer.numel() - n + 1, (1,), generator=g, device=device).item())
+        return buffer[offset:offset + n].view(shape)
+
+
 def jitter(model: nn.Module, seed: int, amplitude: float = JITTER) -> None:
     """Perturb every leaf module's floating-point output, and the gradient flowing back into it,
     by a seeded relative ``amplitude`` (uniform in +-amplitude per element)."""
-    gen: dict[torch.device, torch.Generator] = {}
+    draw = _Noise(seed)
 
     def noise(t: torch.Tensor) -> torch.Tensor:
         # In at least fp32: 1 +- a fraction of a bf16 ulp, computed in bf16, rounds asymmetrically
         # (bf16's spacing is 2^-7 above 1 and 2^-8 below) and would bias every tensor's scale.
-        g = gen.setdefault(t.device, torch.Generator(device=t.device).manual_seed(seed))
-        dtype = torch.promote_types(t.dtype, torch.float32)
-        return 1 + amplitude * torch.empty(t.shape, device=t.device, dtype=dtype).uniform_(-1, 1, generator=g)
+        return 1 + amplitude * draw(t.shape, t.device, torch.promote_types(t.dtype, torch.float32))
 
     def perturbed(t: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
         return (t * factor).to(t.dtype)
@@ -242,6 +265,13 @@ def _cummax_drift(losses: list[float], base: list[float]) -> list[float]:
     return drift
 
 
+def _drift(losses: list[float], perturbed_losses: list[list[float]]) -> list[float]:
+    """Per step, the largest relative departure of any perturbed run's loss from plain fp32's up
+    to that step; a run shorter than ``losses`` counts over the steps it ran."""
+    drifts = [_cummax_drift(p, losses) for p in perturbed_losses]
+    return [max((d[k] for d in drifts if k < len(d)), default=0.0) for k in range(len(losses))]
+
+
 def compute(job: Job, device: torch.device, plan: ReferencePlan) -> dict:
     """The reference for ``plan`` (see the module's docstring), as saved."""
     from .parity import reference_name
@@ -265,7 +295,9 @@ def compute(job: Job, device: torch.device, plan: ReferencePlan) -> dict:
         ref = {k: v for k, v in exact.items() if k.startswith("loss:") or int(k.split("/")[0][4:]) in snap_at}
         del exact
         perturbed, perturbed_losses = run(torch.float32, steps, snap_at, perturb=1)
-        second, second_losses = run(torch.float32, steps, snap_at, perturb=2)
+        # The second perturbed run's snapshots sharpen each tensor's sensitivity; past the deepest
+        # parity step only its losses would be used, and the first run's drift covers those steps.
+        second, second_losses = run(torch.float32, deepest, snap_at, perturb=2)
         precisions: dict[str, Any] = {}
         for p in dict.fromkeys((*CANDIDATES.get(device.type, ()), *plan.precisions)):
             full = p in plan.precisions
@@ -275,7 +307,8 @@ def compute(job: Job, device: torch.device, plan: ReferencePlan) -> dict:
                 # so a value may round to either neighbour. Measured at the seed config: perturbed by half of
                 # it, bf16 eager's last BatchNorm-weight update moved 0.1 % in scale where compile-amp-bf16's
                 # (a correct bf16 recipe) is 3.5 % off; by all of it, enough to cover that.
-                perturbed_p = [run(torch.float32, steps, snap_at, precision=p, perturb=3,
+                # Only its snapshots are used (the drift is the plain run's), so it stops at the deepest one.
+                perturbed_p = [run(torch.float32, deepest, snap_at, precision=p, perturb=3,
                                    amplitude=UNIT_ROUNDOFF[p])[0]] if full else []
             except Exception as exc:  # autocast in that dtype unsupported here: that precision isn't named
                 precisions[p] = f"{type(exc).__name__}: {exc}"
@@ -328,8 +361,7 @@ def assemble(name: str, ref: dict, init: dict, eager: dict, perturbed: list[dict
         "sens_scale": sens_scale,
         "precisions": by_precision,
         "losses": losses,
-        "drift": [max(d) for d in zip(*(_cummax_drift(p, losses) for p in perturbed_losses))] if perturbed_losses
-        else [0.0] * len(losses),
+        "drift": _drift(losses, perturbed_losses),
         "random": False,
         "seconds": 0.0,
     }

@@ -15,7 +15,7 @@ from tabulate import tabulate
 from ..records import Status
 from ..results import RunReport, differences
 from ..stats import rank_test, typical_step_s
-from .markdown import md_cell
+from .formatting import md_cell
 
 
 @dataclass

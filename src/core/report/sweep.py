@@ -18,7 +18,8 @@ from ..codec import finite
 from ..records import Status
 from ..results import SCHEMA_VERSION, RunReport
 from .charts import matplotlib_available
-from .markdown import _num, _run_line, _summary_line, md_cell
+from .formatting import md_cell, num
+from .summary import run_line, summary_line
 
 
 @dataclass
@@ -42,14 +43,14 @@ def render_sweep_markdown(points: list[SweepPoint], md_path: Path, chart: Option
     out = ["# cnncompare: batch-size sweep", ""]
     if not final:
         out += ["*(in progress: sizes still to run are missing)*", ""]
-    out += [_run_line(first, batch=", ".join(map(str, sizes))), "",
+    out += [run_line(first, batch=", ".join(map(str, sizes))), "",
             "Each batch size is a whole run (its own rounds, order and eager baseline), reported in full on its "
             "own: " + ", ".join(f"[batch {p.batch_size}]({_relative(p.markdown_path, md_path)})" for p in points)
             + ".", ""]
     out += ["## Verdict per batch size", ""]
     for p in points:
         for device in p.report.devices():
-            out.append(f"- batch {p.batch_size}: " + _summary_line(p.report.verdicts[device], p.report.config.mode).lstrip("- "))
+            out.append(f"- batch {p.batch_size}: " + summary_line(p.report.verdicts[device], p.report.config.mode).lstrip("- "))
     for device in dict.fromkeys(d for p in points for d in p.report.devices()):
         backends = list(dict.fromkeys(r.backend for p in points for r in p.report.rows(device)))
         rows = []
@@ -63,7 +64,7 @@ def render_sweep_markdown(points: list[SweepPoint], md_path: Path, chart: Option
                     row.append(r.status.value)
                 else:
                     speedup = f" ({r.speedup_vs_eager:.2f}x)" if r.speedup_vs_eager is not None else ""
-                    row.append(f"{_num(r.images_per_s)}{speedup}")
+                    row.append(f"{num(r.images_per_s)}{speedup}")
             rows.append(row)
         out += ["", f"## Throughput ({md_cell(device)}): {unit}s/s (speedup vs eager at that size)", "",
                 tabulate(rows, headers=["backend"] + [f"batch {s}" for s in sizes], tablefmt="github",

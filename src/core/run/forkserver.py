@@ -107,12 +107,16 @@ def _run_child(stdin: int, forked_main, request: dict, server: int) -> None:
 
 
 class ForkServer:
-    """The parent's handle on one server, started on first use and kept for the run."""
+    """The parent's handle on one server, started on first use and kept for this process's later
+    runs (a library user, or the test suite, running job after job pays its start once: torch
+    and its compilers imported, ~3 s here). It ends when the parent closes it, when the parent
+    exits (its stdin closes), or when the parent dies (``die_with_parent``)."""
 
     def __init__(self) -> None:
         self._proc: Optional[subprocess.Popen] = None
         self._buffer = b""
         self.exit_codes: dict[int, int] = {}
+        self._closes_at_exit = False
 
     def _start(self) -> subprocess.Popen:
         # Its own session: a Ctrl-C in the terminal is the parent's, and killing a cell's
@@ -121,6 +125,11 @@ class ForkServer:
         proc = subprocess.Popen([sys.executable, "-m", "cnncompare.core.run.forkserver"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, start_new_session=True, env=env)
         self._proc, self._buffer = proc, b""
+        if not self._closes_at_exit:
+            import atexit
+
+            atexit.register(self.close)
+            self._closes_at_exit = True
         message = self._read_message(block=True)
         if message is None or "ready" not in message:
             raise RuntimeError("the cnncompare fork server did not start (run 'python -m cnncompare.core.run.forkserver' "

@@ -119,8 +119,10 @@ def run_cells(cells: list[Cell], config: RunConfig, registry: Registry, report: 
                             _add_round(report, result, k)
                         on_result(report)
                         progress.end_cell(label, summarize(result))
+    except BaseException:
+        SERVER.close()  # an interrupted or failed run leaves no process behind
+        raise
     finally:
-        SERVER.close()
         progress.end_run()
 
 
@@ -194,7 +196,7 @@ def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunC
         workload = load_registry().workloads[config.workload.name]
     row: dict[str, Any] = dict(backend=backend.name, device=slot.name, plugin=plugin,
                                description=base.description(backend))
-    reason = slot.unavailable or _unavailable(backend, slot.name, config)
+    reason = slot.unavailable or unavailable(backend, slot.name, config)
     if reason:
         return CellResult(status=Status.SKIPPED, error=reason, **row)
     if run_dir is None:  # a cell on its own: a run directory of its own, with its reference
@@ -273,7 +275,7 @@ def ensure_reference(backends: list[Any], workload: Any, slot: DeviceSlot, confi
     backend here can run."""
     from ..cell.reference import Meta, paths
 
-    runnable = [b for b in backends if not (slot.unavailable or _unavailable(b, slot.name, config))]
+    runnable = [b for b in backends if not (slot.unavailable or unavailable(b, slot.name, config))]
     if not runnable:
         return None
     plan = reference_plan(runnable, config)
@@ -311,7 +313,9 @@ def _compute_reference(backend: Any, workload: Any, slot: DeviceSlot, config: Ru
     return where
 
 
-def _unavailable(backend: Any, device: str, config: RunConfig) -> Optional[str]:
+def unavailable(backend: Any, device: str, config: RunConfig) -> Optional[str]:
+    """Why ``backend`` can't run on ``device`` under ``config`` (its modes, the device, torchrun),
+    or None: such a cell is a ``skipped`` row."""
     import torch
 
     reason = base.mode_reason(backend, config.mode) or base.unavailable_reason(backend, torch.device(device))

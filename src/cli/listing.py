@@ -1,0 +1,104 @@
+"""``cnncompare list [backends|workloads|plugins]``: what is installed and where it runs."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..core.config import DEFAULT_WORKLOAD
+from . import select
+from .parser import EXIT_OK, UsageError
+
+
+def list_command(args: argparse.Namespace) -> int:
+    from ..core.run import devices as devmod
+
+    try:
+        slots = devmod.resolve_devices(devmod.parse_devices(args.devices))
+    except devmod.DeviceError as exc:
+        raise UsageError(f"--devices: {exc}") from None
+    registry = select.registry()
+    if args.json:
+        print(json.dumps(_as_json(registry, slots, args.what), indent=2))
+        return EXIT_OK
+    if args.what == "plugins":
+        print(render_plugins(registry))
+    elif args.what == "backends":
+        print(render_backends(registry, slots))
+    elif args.what == "workloads":
+        print(render_workloads(registry))
+    else:
+        print(render_list(registry, slots))
+    return EXIT_OK
+
+
+def _as_json(registry, slots, what) -> object:
+    import torch
+
+    from ..backends import base
+    from ..workloads.base import description
+
+    backends = [{"name": name, "plugin": registry.origin[name], "in_all": base.in_all(b), "modes": list(base.modes(b)),
+                 "description": base.description(b),
+                 "unavailable": {s.name: s.unavailable or base.unavailable_reason(b, torch.device(s.name)) for s in slots}}
+                for name, b in registry.backends.items()]
+    workloads = [{"name": name, "plugin": registry.workload_origin[name], "sample_unit": w.sample_unit,
+                  "options": dict(w.options), "description": description(w)} for name, w in registry.workloads.items()]
+    plugins = [vars(info) for info in registry.plugins]
+    everything = {"backends": backends, "workloads": workloads, "plugins": plugins}
+    return everything[what] if what else everything
+
+
+def render_backends(registry, slots) -> str:
+    """Every backend with its plugin, modes and availability per device."""
+    import torch
+    from tabulate import tabulate
+
+    from ..backends import base
+
+    rows = []
+    for name, backend in registry.backends.items():
+        availability = []
+        for slot in slots:
+            reason = slot.unavailable or base.unavailable_reason(backend, torch.device(slot.name))
+            availability.append(f"{slot.name}: {'yes' if not reason else 'no (' + reason + ')'}")
+        in_all = "yes" if base.in_all(backend) else "no"
+        rows.append([name, registry.origin[name], in_all, ", ".join(base.modes(backend)), base.description(backend),
+                     "; ".join(availability)])
+    return tabulate(rows, headers=["backend", "plugin", "in all", "modes", "description", "devices"], tablefmt="simple")
+
+
+def render_workloads(registry) -> str:
+    """Every registered workload with its options, and the ones found by name."""
+    from tabulate import tabulate
+
+    from ..workloads.base import description
+
+    workloads = [[name + (" (default)" if name == DEFAULT_WORKLOAD else ""), registry.workload_origin[name],
+                  w.sample_unit, ", ".join(f"{k}={v}" for k, v in w.options.items()) or "–", description(w)]
+                 for name, w in registry.workloads.items()]
+    return (tabulate(workloads, headers=["workload", "plugin", "sample", "options (defaults)", "description"],
+                     tablefmt="simple")
+            + "\n\nAlso: --workload torchvision:<model> or timm:<model> (when the library is installed), and your "
+            "own model as FILE.py:FUNCTION or MODULE:FUNCTION ('cnncompare docs workloads').")
+
+
+def render_plugins(registry) -> str:
+    """Every plugin, its distribution, hooks and what it registers; broken ones with their error."""
+    from tabulate import tabulate
+
+    rows = []
+    for info in registry.plugins:
+        dist = f"{info.distribution} {info.version}" if info.distribution else "–"
+        what = f"BROKEN: {info.error}" if info.error else ", ".join(info.backends + info.workloads) or "(nothing)"
+        rows.append([info.name, info.source, dist, ", ".join(info.hooks) or "–", what])
+    text = tabulate(rows, headers=["plugin", "source", "distribution", "hooks", "registers"], tablefmt="simple")
+    return "\n".join([text, *(f"warning: {w}" for w in registry.warnings)])
+
+
+def render_list(registry, slots) -> str:
+    """Backends, then workloads, then plugins that failed to load."""
+    text = render_backends(registry, slots) + "\n\n" + render_workloads(registry)
+    broken = [f"  {p.name}: {p.error}" for p in registry.broken]
+    if broken:
+        text += "\n\nplugins not loaded:\n" + "\n".join(broken)
+    return text

@@ -1,0 +1,210 @@
+"""From the run's options to what runs and where it is written: backends (names and patterns),
+their options, the workload and its options, writable paths, earlier reports. Every refusal is
+a ``UsageError`` naming the flag, raised before any cell runs."""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..core.config import WorkloadSpec
+from .parser import WORKLOAD_OPTION_FLAGS, UsageError
+
+#: Where a run's report goes when --output doesn't say: outside any committed reports/ folder.
+DEFAULT_OUTPUT_DIR = Path("cnncompare-runs")
+
+
+def registry():
+    """The plugin registry; a plugin that can't be loaded at all is a usage error."""
+    from ..plugins import PluginError, load_registry
+
+    try:
+        return load_registry()
+    except PluginError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def backends(spec: str, registry, mode: str = "train") -> list[str]:
+    """``all`` is every backend whose ``in_all`` is true and that runs in ``mode`` (a training
+    report doesn't list the inference-only deploy paths as skipped, nor an inference report the
+    training-only ones); other items are names or globs (``dynamo:*``), kept whatever their modes
+    so that a backend asked for by name in a mode it lacks is a ``skipped`` row saying why."""
+    from fnmatch import fnmatchcase
+
+    from ..backends import base
+
+    names = [part.strip() for part in spec.split(",") if part.strip()]
+    if not names:
+        raise UsageError("--backends: no backend given")
+    chosen: list[str] = []
+    for item in names:
+        if item == "all":
+            expanded = [n for n, b in registry.backends.items() if base.in_all(b) and mode in base.modes(b)]
+        else:
+            expanded = [n for n in registry.backends if fnmatchcase(n, item)]
+        if not expanded:
+            raise UsageError(f"--backends: unknown backend {item!r}; {_known_backends(registry)}")
+        chosen += [n for n in expanded if n not in chosen]
+    return chosen
+
+
+def backend_options(items: list[str], selected: list[str], registry) -> dict[str, dict[str, Any]]:
+    """``--backend-option NAME:KEY=VALUE`` items, per backend, each handed to the backend's
+    ``configure`` here first, so an option it refuses ends the command line before any cell."""
+    from ..backends import base
+
+    options: dict[str, dict[str, Any]] = {}
+    for item in items:
+        target, sep, text = item.partition("=")
+        name, colon, key = target.rpartition(":")
+        if not sep or not colon or not name or not key.strip():
+            raise UsageError(f"--backend-option: expected NAME:KEY=VALUE, got {item!r}")
+        if name not in selected:
+            raise UsageError(f"--backend-option {name}: not among the selected backends ({', '.join(selected)})")
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        options.setdefault(name, {})[key.strip()] = value
+    for name, given in options.items():
+        try:
+            base.configure(registry.backends[name], given)
+        except (ValueError, TypeError) as exc:
+            raise UsageError(f"--backend-option {name}: {exc}") from None
+    return options
+
+
+def _known_backends(registry) -> str:
+    """'known: all, a, b; outside all: dynamo:* (13)' (every curated name, the rest by prefix)."""
+    from collections import Counter
+
+    from ..backends import base
+
+    curated = [n for n, b in registry.backends.items() if base.in_all(b)]
+    groups = Counter(n.split(":", 1)[0] + ":*" if ":" in n else n
+                     for n, b in registry.backends.items() if not base.in_all(b))
+    text = "known: " + ", ".join(["all", *curated])
+    if groups:
+        text += "; outside all: " + ", ".join(f"{g} ({c})" if c > 1 else g for g, c in groups.items())
+        text += " ('cnncompare list backends' shows every name)"
+    return text
+
+
+def workload(args: argparse.Namespace, registry) -> WorkloadSpec:
+    """The workload named by ``--workload`` (a plugin's, a library model, or the user's factory:
+    ``workloads.find``), its options given on the command line checked and the rest filled with
+    its defaults. A workload no plugin registers joins ``registry`` so the cells find it."""
+    from ..workloads import WorkloadError, find
+    from ..workloads.base import OptionError, resolve_options, throughput_unit, units_per_sample
+
+    try:
+        found, origin = find(args.workload, registry.workloads)
+    except WorkloadError as exc:
+        raise UsageError(f"--workload {args.workload}: {exc}" if ":" in args.workload else f"--workload: {exc}") from None
+    if origin:
+        registry.workloads[found.name] = found
+        registry.workload_origin[found.name] = origin
+    given = {"image_size": args.image_size} if args.image_size is not None else {}
+    for item in args.workload_option:
+        key, value = _option_value(item, found)
+        if key in given and key in WORKLOAD_OPTION_FLAGS:
+            raise UsageError(f"--workload-option {key}: given twice (also as {WORKLOAD_OPTION_FLAGS[key]})")
+        given[key] = value
+    try:
+        options = resolve_options(found, given)
+        units = units_per_sample(found, options)
+    except OptionError as exc:
+        label = WORKLOAD_OPTION_FLAGS.get(exc.key) if args.image_size is not None else None
+        raise UsageError(f"{label}: {exc.message}" if label else f"--workload-option {exc}") from None
+    except WorkloadError as exc:
+        raise UsageError(f"--workload {args.workload}: {exc}") from None
+    return WorkloadSpec(found.name, options, found.sample_unit, throughput_unit(found), units)
+
+
+def _option_value(item: str, workload: Any) -> tuple[str, Any]:
+    """``KEY=VALUE`` as the option's type (its default's); a key the workload lacks keeps its
+    text, for ``resolve_options`` to refuse naming the workload's options."""
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise UsageError(f"--workload-option: expected KEY=VALUE, got {item!r}")
+    default = workload.options.get(key)
+    if isinstance(default, bool):
+        words = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+        if text.lower() not in words:
+            raise UsageError(f"--workload-option {key}: expected true or false, got {text!r}")
+        return key, words[text.lower()]
+    if isinstance(default, (int, float)):
+        try:
+            return key, type(default)(text)
+        except ValueError:
+            noun = "a whole number" if type(default) is int else "a number"
+            raise UsageError(f"--workload-option {key}: expected {noun}, got {text!r}") from None
+    return key, text
+
+
+def writable(option: str, path: Path) -> Path:
+    """``path`` as a file this run can write, its folder created; else a ``UsageError``.
+
+    Only writing tells (a read-only or virtual filesystem answers permission
+    checks and still refuses), so the folder is made and a new file is
+    created and removed here, before any cell runs.
+    """
+    path = path.expanduser()
+    # os.path, not pathlib: pathlib re-raises EACCES from stat() (a folder we may not enter).
+    if os.path.isdir(path):
+        raise UsageError(f"{option}: {str(path)!r} is a directory, expected a file path")
+    existing = path.parent
+    while not os.path.exists(existing):
+        existing = existing.parent
+    if not os.path.isdir(existing):
+        raise UsageError(f"{option}: can't write {str(path)!r}: {str(existing)!r} is not a directory")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            with open(path, "r+b"):
+                pass
+        else:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            os.unlink(path)
+    except OSError as exc:
+        reason = "permission denied" if isinstance(exc, PermissionError) else (exc.strerror or str(exc)).lower()
+        raise UsageError(f"{option}: can't write {str(path)!r}: {reason}") from None
+    return path
+
+
+def output_paths(args: argparse.Namespace, check: bool = True) -> tuple[Path, Path]:
+    """The markdown and JSON paths of a run: ``--output``/``--json``, beside ``--resume``'s
+    report, or a new timestamped pair in ``DEFAULT_OUTPUT_DIR``; checked writable unless not ``check``."""
+    if args.output is not None:
+        md_path = args.output
+    elif args.resume is not None:
+        md_path = args.resume.with_suffix(".md")
+    else:
+        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        md_path = DEFAULT_OUTPUT_DIR / f"cnncompare-{stamp}.md"
+    json_path = args.json if args.json is not None else (args.resume or md_path.with_suffix(".json"))
+    if check:
+        md_path, json_path = writable("--output", md_path), writable("--json", json_path)
+    if json_path.resolve() == md_path.resolve():
+        raise UsageError("--json: must differ from the markdown --output path")
+    return md_path, json_path
+
+
+def load_report(option: str, path: Path):
+    """A run's JSON report (``RunReport``); a missing or foreign file is a ``UsageError``."""
+    from ..core.results import RunReport
+
+    try:
+        text = path.read_text(encoding="utf-8")
+        if '"kind": "batch-size sweep"' in text:
+            raise UsageError(f"{option}: {str(path)!r} is a batch-size sweep's summary; use one size's report "
+                             f"beside it ({path.stem}-bs<N>.json)")
+        return RunReport.from_json(text)
+    except FileNotFoundError:
+        raise UsageError(f"{option}: {str(path)!r} does not exist") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{option}: {str(path)!r} is not a cnncompare JSON report ({exc})") from None

@@ -1,0 +1,150 @@
+"""The report's sentences: who measured what where (``run_line``), each device's verdict
+(``summary_line``), and the lines that introduce a device's tables (rounds, parity's cost and
+randomness, DDP scaling).
+
+The verdict is ``stats.verdict``'s, already decided (the pick, ties, noise, the other precision's
+row); these functions only word it. Every name from a report goes through ``md_cell``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from ..config import RunConfig
+from ..results import CellResult, RoundInfo, RunReport
+from ..stats import (
+    CONFIDENCE,
+    NOISE_THRESHOLD,
+    T_INTERVAL_MIN_ROUNDS,
+    Verdict,
+    measured_precision,
+    parity_cost,
+    sentinel_spread,
+)
+from .formatting import md_cell, num, per_s, speedup
+from .wording import STEP_UNIT, plural
+
+
+def run_line(report: RunReport, batch: Optional[str] = None) -> str:
+    """Who measured what where: the machine, torch, the workload and the protocol. ``batch``
+    replaces the config's batch size (a sweep's sizes)."""
+    env, config = report.environment, report.config
+    gpus = ", ".join(g["name"] for g in env.get("gpus") or [])
+    workload = config.workload
+    options = ", ".join(f"{k} {v}" for k, v in workload.options.items())
+    size = batch or str(config.batch_size)
+    return (
+        f"Measured {md_cell(report.started_at or env.get('date', ''))} with cnncompare {md_cell(env.get('cnncompare'))}, "
+        f"torch {md_cell(env.get('torch'))}, on {md_cell(env.get('cpu'))} ({env.get('threads')} threads)"
+        + (f" and {md_cell(gpus)}" if gpus else "") + ". "
+        f"Workload **{md_cell(workload.name)}**" + (f" ({md_cell(options)})" if options else "")
+        + (", **inference** (one forward of the eval-mode model per step)" if config.mode == "inference"
+           else ", **training** (forward, loss, backward, Adam per step)")
+        + f", batch {size} {md_cell(plural(workload.sample_unit, size))}, "
+        f"{config.warmup} warm-up + {config.steps} measured steps per cell"
+        + (f" and round, {config.rounds} rounds" if config.rounds > 1 else "")
+        + (f"; C allocator: `--malloc {md_cell(config.malloc)}`" if config.malloc != "system" else "")
+        + "."
+    )
+
+
+def summary_line(v: Verdict, mode: str = "train") -> str:
+    """Which backend to pick on this device, what it costs up front, and whether the win is real;
+    break-even counted in ``mode``'s steps (training steps, or forwards); then, apart, the fastest
+    row that computes in another precision than eager."""
+    line = _ranked_line(v, mode)
+    other = v.other_precision
+    if other is None:
+        return line
+    declared = other.parity.declared_precision if other.parity else None
+    measured = measured_precision(other)
+    how = f"computes in {measured}" + (f", though it declares {declared}" if declared and declared != measured else "")
+    return (line[:-1] if line.endswith(".") else line) + (
+        f". At another precision than eager's ({v.precision}): **{md_cell(other.backend)}** at {speedup(other)} "
+        f"eager ({how}; parity passed).")
+
+
+def _ranked_line(v: Verdict, mode: str) -> str:
+    """The verdict among the rows at eager's precision."""
+    best, device = v.best, md_cell(v.device)
+    if best is None or best.step_s is None:
+        return f"- **{device}**: no backend finished `ok`."
+    if v.eager is None:
+        return (f"- **{device}**: fastest **{md_cell(best.backend)}**, {best.step_s.median:.4g} s/step "
+                "(no eager row, so no speedup and no verdict).")
+    names = ", ".join(f"**{md_cell(n)}**" for n in v.tied_with if n != "eager")
+    if best is v.eager:
+        return (f"- **{device}**: pick **eager**, {best.step_s.median:.4g} s/step: no backend beat it here"
+                + (f" ({names} within its noise)." if names else "."))
+    if "eager" in v.tied_with:
+        return (f"- **{device}**: no backend is clearly faster than eager: the fastest, **{md_cell(best.backend)}** "
+                f"at {speedup(best)} eager, has a {CONFIDENCE:.0%} interval that reaches 1.0"
+                + (f" ({names} within it too)" if names else "") + ". Rerun with more `--rounds` to separate them.")
+    if v.tied_with:
+        return (f"- **{device}**: a tie: **{md_cell(best.backend)}** at {speedup(best)} eager, and {names}, whose "
+                f"{CONFIDENCE:.0%} intervals reach its lower end. Rerun with more `--rounds` to separate them.")
+    text = f"- **{device}**: pick **{md_cell(best.backend)}**, {best.step_s.median:.4g} s/step, {speedup(best)} eager"
+    if best.break_even_steps == 0:
+        text += ", with no extra up-front cost"
+    elif (steps := best.break_even_steps) is not None:
+        text += f"; its extra compile cost is repaid after {steps} {plural(STEP_UNIT[mode], steps)}"
+    if v.overlaps_eager:
+        text += " (its quartiles overlap eager's: within one round's noise)"
+    elif v.noisy:
+        text += f" (spread above {NOISE_THRESHOLD * 100:.0f} % of the median: a noisy machine)"
+    return text + "."
+
+
+def rounds_line(device: str, log: list[RoundInfo]) -> Optional[str]:
+    """How many rounds, and how far the drift sentinel moved over them."""
+    if len(log) < 2:
+        return None
+    text = (f"Rounds ({md_cell(device)}): {len(log)}, each backend once per round in a fresh shuffled order; "
+            f"speedup = median over rounds of each round's ratio to eager, with its {CONFIDENCE:.0%} interval "
+            f"({_interval_method(len(log))}); compile and first step (warm) = the median of later rounds', "
+            "which reuse the cell's compile cache; break-even counts round 1's cold costs.")
+    spread = sentinel_spread([info.sentinel_s for info in log])
+    if spread:
+        low, high = spread
+        text += (f" Drift sentinel: {low * 1000:.1f} to {high * 1000:.1f} ms "
+                 f"(the machine's speed moved by {high / low - 1:.0%} over the run).")
+    return text
+
+
+def _interval_method(rounds: int) -> str:
+    return ("Student's t over the rounds' log ratios" if rounds >= T_INTERVAL_MIN_ROUNDS
+            else "a bootstrap over rounds and steps, narrower than the truth with so few rounds")
+
+
+def randomness_line(rows: list[CellResult]) -> str:
+    """What a workload that draws random numbers (dropout) was judged and timed with."""
+    if not any(r.parity is not None and r.parity.random for r in rows):
+        return ""
+    return (" The workload's step draws random numbers (dropout): every cell and the reference seed torch's "
+            "generator before each step, and inductor draws eager's random numbers "
+            "(`torch._inductor.config.fallback_random`), so a correct backend computes the same masks; compiled "
+            "rows were timed that way too, not with inductor's own generator.")
+
+
+def parity_cost_line(rows: list[CellResult]) -> str:
+    cost = parity_cost(rows)
+    if cost is None:
+        return ""
+    share = f": {cost.share:.0%} of the cells' {num(cost.cells_wall_s)} s" if cost.share is not None else ""
+    return (f" The check cost {num(cost.reference_s)} s for the float64 reference (computed once) and "
+            f"{num(cost.checks_s)} s of checks in all{share}.")
+
+
+def scaling_line(device: str, results: list[CellResult], config: RunConfig) -> Optional[str]:
+    d = next((r.distributed for r in results if r.distributed), None)
+    if d is None:
+        return None
+    threads = d.threads_per_rank
+    unit = config.workload.sample_unit
+    return (f"Scaling ({md_cell(device)}): DistributedDataParallel over {d.nproc} ranks "
+            f"({d.nnodes} node(s) × {d.nproc_per_node}), weak scaling: {d.batch_size_per_rank} {unit}s "
+            f"per rank, {d.global_batch_size} per global step"
+            + (f", {threads} CPU thread(s) per rank" if threads and device == "cpu" else "")
+            + f". Scaling efficiency = global {per_s(config)} ÷ (ranks × the same backend's single-process "
+            f"{per_s(config)}, "
+            "measured in this run with one rank's batch and threads); 1.00 means DDP costs nothing. "
+            "The tables above show the slowest rank's steps: a synchronous step waits for it.")

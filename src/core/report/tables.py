@@ -1,0 +1,205 @@
+"""The report's tables, one device's rows each: speed and memory (``device_table``), why
+(``diagnostics_table``), parity (``parity_table``) and DDP scaling (``scaling_table``).
+
+Each takes rows with their figures already derived (``stats.derive``) and returns the table's
+markdown, or None where no row has what the table shows. Rows are ordered the same in every
+table: ``ok`` rows fastest first, then the rest in run order. Where older reports lack a
+column's figures, the column is dropped or named for what they have; nothing is computed here.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from tabulate import tabulate
+
+from ..config import RunConfig
+from ..records import Status
+from ..results import CellResult
+from ..stats import measured_precision, one_off_peak
+from .formatting import margin, md_cell, num, per_s, speedup
+
+
+def _parity_cell(r: CellResult) -> str:
+    p = r.parity
+    if p is None:
+        return "–"
+    verdict = "pass" if p.passed else "FAIL"
+    if p.margin is None:  # a report from before margins were recorded
+        return f"{verdict} ({p.max_rel_error:.1e})"
+    return f"{verdict} ({margin(p.margin)})"
+
+
+def _precision_cell(r: CellResult) -> str:
+    """The precision the row measured as computing in, and what it declares where that differs."""
+    measured = measured_precision(r)
+    if measured is None or r.parity is None:
+        return "–"
+    declared = r.parity.declared_precision
+    return measured + (f" (declares {declared})" if declared and declared != measured else "")
+
+
+def _sorted(results: list[CellResult]) -> list[CellResult]:
+    """ok rows fastest first, then the rest in run order."""
+    ok = sorted((r for r in results if r.status == Status.OK and r.step_s),
+                key=lambda r: r.step_s.median if r.step_s else 0.0)
+    return ok + [r for r in results if r not in ok]
+
+
+def device_table(results: list[CellResult], config: RunConfig) -> str:
+    cuda = any(r.cuda_peak_allocated_mb is not None for r in results)
+    phases = any(r.peak_rss_steady_mb is not None for r in results)  # older reports: lifetime peaks only
+    headers = ["backend", "status", "step median (s)", "IQR (s)", per_s(config), "speedup vs eager",
+               "compile (s)", "first step (s)", "break-even (steps)",
+               "peak RSS steady / one-off (MB)" if phases else "peak RSS (MB)"]
+    latency = any(r.latency_p50_s is not None for r in results)
+    if latency:
+        headers.insert(4, "latency p50 / p90 / p99 (ms)")
+    if cuda:
+        headers += ["CUDA peak alloc steady / one-off (MB)", "CUDA peak reserved (MB)"]
+    headers.append("parity (worst ÷ limit)" if any(r.parity and r.parity.margin is not None for r in results)
+                   else "parity (max rel. err)")
+    measured = any(measured_precision(r) for r in results)
+    if measured:
+        headers.append("computes in")
+    rows = []
+    for r in _sorted(results):
+        s = r.step_s
+        row = [
+            md_cell(r.backend),
+            md_cell(r.status.value),
+            num(s.median if s else None),
+            num(s.iqr if s else None, 2),
+            num(r.images_per_s),
+            speedup(r),
+            num(r.compile_s) + (f" (warm {num(r.warm_compile_s)})" if r.warm_compile_s is not None else ""),
+            num(r.first_step_s) + (f" (warm {num(r.warm_first_step_s)})" if r.warm_first_step_s is not None else ""),
+            str(r.break_even_steps) if r.break_even_steps is not None else "–",
+            _steady_and_one_off(r.peak_rss_steady_mb, one_off_peak(r.peak_rss_first_step_mb, r.peak_rss_warmup_mb),
+                                r.peak_rss_mb),
+        ]
+        if latency:
+            row.insert(4, " / ".join(num(v * 1000 if v is not None else None)
+                                     for v in (r.latency_p50_s, r.latency_p90_s, r.latency_p99_s)))
+        if cuda:
+            row += [_steady_and_one_off(r.cuda_peak_allocated_steady_mb,
+                                        one_off_peak(r.cuda_peak_allocated_first_step_mb,
+                                                     r.cuda_peak_allocated_warmup_mb), r.cuda_peak_allocated_mb),
+                    num(r.cuda_peak_reserved_mb, 4)]
+        row.append(_parity_cell(r))
+        if measured:
+            row.append(_precision_cell(r))
+        rows.append(row)
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def _steady_and_one_off(steady: Optional[float], one_off: Optional[float], lifetime: Optional[float]) -> str:
+    """"steady / one-off" peaks; the lifetime peak alone where the phases are unknown."""
+    if steady is None or one_off is None:
+        return num(lifetime, 4)
+    return f"{num(steady, 4)} / {num(one_off, 4)}"
+
+
+def _workers(r: CellResult) -> str:
+    """Inductor's compile workers and their summed peak RSS (processes outside the cell's own)."""
+    if r.compile_threads is None:
+        return "–"
+    return f"{r.compile_threads}" + (f" ({num(r.workers_peak_rss_mb, 4)} MB)" if r.workers_peak_rss_mb else "")
+
+
+def _faults(value: Optional[float]) -> str:
+    return "–" if value is None else f"{value / 1000:.0f}k" if value >= 10_000 else f"{value:.0f}"
+
+
+def diagnostics_table(results: list[CellResult]) -> Optional[str]:
+    """Why each row is as fast as it is: distance to the hardware, memory, what dynamo did."""
+    rows = []
+    for r in _sorted(results):
+        if r.step_s is None:
+            continue
+        d = r.dynamo
+        dyn = "–"
+        if d is not None:
+            recompiles = "?" if d.recompiles is None else d.recompiles
+            dyn = f"{d.graphs} / {d.graph_breaks} / {recompiles}" + (" fell back to eager" if d.fell_back_to_eager else "")
+            if r.device.startswith("cuda") and d.cudagraph_skips is not None:
+                recorded = "?" if d.cudagraphs_recorded is None else d.cudagraphs_recorded
+                dyn += f"; CUDA graphs {recorded} recorded, {d.cudagraph_skips} skipped"
+        cache = r.compile_cache or "–"
+        if r.cold_compile_s is not None:
+            cache += f" (cold: compile {num(r.cold_compile_s)} s, first step {num(r.cold_first_step_s)} s)"
+        rows.append([
+            md_cell(r.backend),
+            num(r.achieved_gflops),
+            "–" if r.pct_of_peak is None else f"{r.pct_of_peak:.1f} %" + (f" ({r.peak_precision})" if r.peak_precision
+                                                                         else ""),
+            "–" if r.memory_ratio_vs_eager is None else f"{r.memory_ratio_vs_eager:.2f}x",
+            _faults(r.page_faults_per_step),
+            num(r.cpu_sys_s_per_step),
+            md_cell(dyn),
+            md_cell(cache),
+            _workers(r),
+        ])
+    if not rows:
+        return None
+    headers = ["backend", "achieved GFLOP/s", "% of peak", "memory vs eager",
+               "page faults / step", "kernel CPU s / step", "dynamo graphs / breaks / recompiles", "compile cache",
+               "compile workers (peak RSS)"]
+    # Runs from before getrusage was recorded have no fault figures: drop those columns, not fill them with dashes.
+    if all(row[4] == "–" and row[5] == "–" for row in rows):
+        headers, rows = headers[:4] + headers[6:], [row[:4] + row[6:] for row in rows]
+    # Runs from before the workers were recorded: no such column.
+    if all(row[-1] == "–" for row in rows):
+        headers, rows = headers[:-1], [row[:-1] for row in rows]
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def parity_table(results: list[CellResult]) -> Optional[str]:
+    """Per row: the verdict, the tensor nearest its limit and each group's error, beside fp32 eager's."""
+    rows = []
+    for r in _sorted(results):
+        p = r.parity
+        if p is None or p.margin is None:
+            continue
+        groups = " / ".join(num(e, 2) for e in _parity_groups(p).values())
+        rows.append([md_cell(r.backend), "pass" if p.passed else "FAIL", margin(p.margin),
+                     md_cell(p.worst_tensor or "–"), num(p.worst_error, 2), num(p.worst_limit, 2),
+                     str(p.step), f"{p.tensors} ({len(p.not_judged)} not resolvable)",
+                     str(p.trajectory_steps or "–"), groups])
+    if not rows:
+        return None
+    first = next(r.parity for r in results if r.parity is not None and r.parity.margin is not None)
+    return tabulate(rows, headers=["backend", "parity", "worst ÷ limit", "worst tensor", "its error", "its limit",
+                                   "parity step", "tensors judged", "steps' losses checked",
+                                   " / ".join(_parity_groups(first)) + " rel. error"],
+                    tablefmt="github", disable_numparse=True)
+
+
+def _parity_groups(p: Any) -> dict[str, Optional[float]]:
+    """The error groups a parity record judges: a training step's, or inference's outputs."""
+    if p.output_rel_error is not None:
+        return {"output": p.output_rel_error, "buffer": p.buffer_rel_error}
+    return {"loss": p.loss_rel_error, "grad": p.grad_rel_error, "weight": p.weight_rel_error,
+            "buffer": p.buffer_rel_error}
+
+
+def scaling_table(results: list[CellResult], config: RunConfig) -> Optional[str]:
+    """Under --nproc: what N ranks give over one process of the same backend."""
+    rows = []
+    for r in _sorted(results):
+        d = r.distributed
+        if d is None:
+            continue
+        eff = d.scaling_efficiency
+        rows.append([
+            md_cell(r.backend), md_cell(r.status.value), str(d.nproc), md_cell(d.process_group),
+            num(d.global_images_per_s), num(d.slowest_rank_step_median_s),
+            f"rank {d.slowest_rank}", num(d.single_process_images_per_s),
+            "–" if eff is None else f"{eff:.2f}",
+            "yes" if d.ranks_identical else f"NO ({d.max_rank_weight_diff:.2g})",
+        ])
+    if not rows:
+        return None
+    return tabulate(rows, headers=["backend", "status", "ranks", "process group", f"global {per_s(config)}",
+                                   "slowest rank median (s)", "slowest", f"single-process {per_s(config)}",
+                                   "scaling efficiency", "ranks identical"],
+                    tablefmt="github", disable_numparse=True)
