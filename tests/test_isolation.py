@@ -29,7 +29,7 @@ def fault_report():
 @pytest.mark.parametrize("backend, status, fragment", [
     ("raise-compile", Status.FAIL_COMPILE, "compile: RuntimeError: deliberate failure in compile"),
     ("raise-step4", Status.FAIL_RUN, "steps: RuntimeError: deliberate failure in step 4"),  # 1 first, 2-3 warm-up
-    ("hang", Status.TIMEOUT, "timed out after 25 s"),
+    ("hang", Status.TIMEOUT, "timed out after 12 s"),
     ("abort", Status.CRASHED, "SIGABRT"),
     ("segfault", Status.CRASHED, "SIGSEGV"),
     ("nan-loss", Status.FAIL_ACCURACY, "non-finite loss at step 1"),
