@@ -1,7 +1,7 @@
 """Does every correct built-in pass parity at every size? Every built-in backend on every built-in
 workload, in training and in inference, at batch 2, 8 and 32.
 
-    python bench/parity_sizes.py [--out reports/parity-sizes.md] [--batches 2,8,32] [--workloads ...]
+    python bench/parity_sizes.py [--out reports/parity-sizes.md] [--batches 2,8,32] [--workloads ...] [--merge]
 
 A red row on a correct compiler is as wrong as a green row on a wrong one. Small batches are
 where a correct change of rounding moves a tensor most (a gradient summed over few values
@@ -10,11 +10,12 @@ this runs the smallest sizes a user may try. Each (workload, mode, batch) is one
 backend that applies, one round, the default steps; the table gives each row's status and
 parity margin (worst ÷ limit), the check nearest its limit, and how many tensors the size
 leaves unresolvable. Timing is not the point: it may share the machine. The suite runs the
-smallest size of each workload in training (tests/test_parity_sizes.py).
+ResNet at batch 2 in training, where the risk is largest (tests/test_bring_your_own.py).
 """
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 import time
@@ -71,20 +72,38 @@ def run(workload: str, mode: str, batch: int) -> RunReport:
     return report
 
 
+def _earlier_rows(out: Path, args) -> tuple[list[list[str]], str | None]:
+    """``out``'s table rows for the runs this invocation won't make, and what the earlier run said of itself."""
+    if not out.exists():
+        return [], None
+    text = out.read_text()
+    ours = {(w, m, str(b)) for w in args.workloads.split(",") for m in args.modes.split(",") for b in args.batches.split(",")}
+    rows = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 9 and cells[0] in WORKLOADS and (cells[0], cells[1], cells[2]) not in ours:
+            rows.append(cells)
+    when = re.search(r"torch [^,]+, (\d{4}-\d\d-\d\d \d\d:\d\d UTC)", text)
+    return rows, when.group(1) if when else "an earlier run"
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("reports/parity-sizes.md"))
     parser.add_argument("--batches", default="2,8,32")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--modes", default="train,inference")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep --out's rows for the (workload, mode, batch) runs this invocation doesn't make")
     args = parser.parse_args(argv)
+    kept, kept_from = _earlier_rows(args.out, args) if args.merge else ([], None)
     share_kernel_cache(tempfile.mkdtemp(prefix="parity-sizes-inductor-"))
     rows, failures, start = [], 0, time.perf_counter()
     import torch
 
     def write() -> str:
         """The table so far (written after every run: a long bench cut short keeps what it measured)."""
-        table = tabulate(rows, headers=["workload", "mode", "batch", "backend", "status", "margin", "worst check",
+        table = tabulate(kept + rows, headers=["workload", "mode", "batch", "backend", "status", "margin", "worst check",
                                         "judged / not resolvable", "computes in"], tablefmt="github")
         text = (f"# Parity of every built-in at small batches\n\n`python bench/parity_sizes.py` on this project's "
                 f"2-core CPU machine, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
@@ -93,7 +112,9 @@ def main(argv: list[str]) -> int:
                     f"{name} " + ", ".join(f"{k} {v}" for k, v in spec.options.items())
                     for name, spec in WORKLOADS.items())
                 + f"; default warm-up, {STEPS} measured steps, one round). A row that is not `ok` (or `skipped`, with "
-                f"its reason) is a correct backend the check failed: {failures} here.\n\n{table}\n")
+                f"its reason) is a correct backend the check failed: {failures} here"
+                + (f" ({len(kept)} rows kept from earlier runs of this bench, the latest at {kept_from})" if kept else "")
+                + f".\n\n{table}\n")
         args.out.write_text(text)
         return text
 

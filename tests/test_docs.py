@@ -130,3 +130,13 @@ def test_the_design_layout_lists_every_module_and_only_those():
     modules = {str(p.relative_to(ROOT / "src")) for p in (ROOT / "src").rglob("*.py")
                if p.name != "__init__.py" or p.parent == ROOT / "src"}
     assert _design_layout() == modules
+
+
+def test_the_reports_index_is_generated_from_the_committed_json_and_current():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("reports_index", ROOT / "bench" / "reports_index.py")
+    index = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(index)
+    assert len(index.rows()) >= 20
+    assert index.main(["--check"]) == 0, "run: python bench/reports_index.py"

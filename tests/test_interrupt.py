@@ -13,7 +13,8 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 DRIVER = Path(__file__).parent / "run_cli_with_test_plugins.py"
-TINY_ARGS = ["--devices", "cpu", "--batch-size", "4", "--image-size", "8", "--steps", "3", "--warmup", "0", "--rounds", "1", "--threads", "1"]
+TINY_ARGS = ["--devices", "cpu", "--batch-size", "4", "--image-size", "8", "--steps", "3", "--warmup", "0", "--rounds", "1", "--threads", "1",
+             "--no-control"]
 
 
 def _start(tmp_path, backends, *extra, env=None):
@@ -108,7 +109,7 @@ def test_resume_refuses_a_changed_config(tmp_path):
     config = RunConfig(backends=("eager",), batch_size=4, workload=TINY_WORKLOAD, steps=3, warmup=0, threads=1)
     saved = tmp_path / "run.json"
     saved.write_text(render_json(RunReport(environment=capture(1), config=config, interrupted=True)))
-    changed = TINY_ARGS[:-1] + ["2"]  # --threads 2
+    changed = [*TINY_ARGS[:-2], "2", "--no-control"]  # --threads 2
     proc = subprocess.run(
         [sys.executable, str(DRIVER), "--backends", "eager", *changed, "--resume", str(saved)],
         capture_output=True, text=True, timeout=120,

@@ -60,8 +60,9 @@ def test_noise_and_overlap_rules():
     assert stats.quartiles_overlap(stats.StepStats.from_samples([0.9, 1.0, 1.1]), wide)
     assert not stats.quartiles_overlap(stats.StepStats.from_samples([0.1, 0.1, 0.1]), calm)
     assert stats.slowest([0.1, 0.3, 0.2]) == 1
-    assert stats.rank_test([1.0], [2.0, 3.0]) is None
-    assert stats.rank_test([1.0, 1.1, 1.2, 1.0, 1.1], [2.0, 2.1, 2.2, 2.0, 2.1]) < 0.05
+    assert stats.rounds_test(((1.0, 1.1),), ((2.0,), (3.0,))) is None  # one round: no independent repeats
+    assert stats.rounds_test(((1.0, 1.1), (1.05,), (1.0,)), ((2.0,), (2.1,), (2.05,))) < 0.05
+    assert stats.rounds_test(((1.0,), (1.1,), (1.05,)), ((1.05,), (1.0,), (1.1,))) > 0.5
     assert stats.kernel_share(0.3, 0.1) == pytest.approx(0.25) and stats.kernel_share(0.3, 0.0) is None
 
 
@@ -80,7 +81,7 @@ def _row(name, samples, status=Status.OK, rounds=None):
     rows = CellResult(backend=name, device="cpu", status=status, step_s=stats.StepStats.from_samples(samples))
     if rounds:
         rows.round_samples = rounds
-        rows.rounds = [statistics.median(r) for r in rounds]
+        rows.rounds = [statistics.median(r) if r else None for r in rounds]
     return rows
 
 
@@ -120,14 +121,14 @@ def test_verdict_picks_the_fastest_ok_row_and_says_how_far_to_trust_it():
     v = _verdict(eager, fast, wrong)
     assert v.best is fast and v.pick == "fast" and v.eager is eager and not v.overlaps_eager and not v.noisy
     assert v.to_dict() == {"pick": "fast", "best": "fast", "speedup": 2.0, "speedup_ci": [2.0, 2.0], "tied_with": [],
-                           "precision": None, "fastest_other_precision": None}
+                           "precision": None, "noise_floor": None, "fastest_other_precision": None}
     close = _row("close", [0.9, 0.95, 1.05])
     v = _verdict(eager, close)
     assert v.overlaps_eager and v.pick is None and v.tied_with == ["eager"]  # its interval reaches 1.0
     assert _verdict(wrong).best is None
 
 
-def test_speedup_is_the_median_of_paired_round_ratios_with_a_bootstrap_interval():
+def test_speedup_is_the_geometric_mean_of_paired_round_ratios_with_a_bootstrap_interval():
     # Round 2 ran on a machine 50 % slower for both: pairing rounds cancels the drift.
     eager = _row("eager", [1.0] * 6, rounds=[[1.0, 1.02, 0.98], [1.5, 1.53, 1.47]])
     fast = _row("fast", [0.5] * 6, rounds=[[0.5, 0.51, 0.49], [0.75, 0.76, 0.74]])
@@ -153,5 +154,43 @@ def test_from_three_rounds_the_interval_is_students_t_over_the_rounds_log_ratios
     eager = ((1.0, 1.0), (1.0, 1.0), (1.0, 1.0))
     other = tuple((r, r) for r in (0.5, 0.5 * math.exp(-0.1), 0.5 * math.exp(0.1)))  # ratios 2, 2e^0.1, 2e^-0.1
     speedup, low, high = stats.speedup_interval(eager, other)
-    half = 4.303 * 0.1 / math.sqrt(3)  # t(0.975, 2 df) x sd / sqrt(n)
+    half = 4.302653 * 0.1 / math.sqrt(3)  # t(0.975, 2 df) x sd / sqrt(n)
     assert speedup == pytest.approx(2.0) and low == pytest.approx(2 * math.exp(-half)) and high == pytest.approx(2 * math.exp(half))
+
+
+def test_a_tie_is_decided_round_by_round_not_by_overlapping_intervals_against_eager():
+    # The machine drifts from round to round and eager's own process adds 15 % of noise: against
+    # eager, a's and b's intervals are wide and overlap. Round by round a is 10 % faster than b.
+    drift = (1.0, 1.2, 0.9, 1.1)
+    eager = _row("eager", [1.0] * 4, rounds=[[d * n] for d, n in zip(drift, (1.0, 1.15, 0.9, 1.05))])
+    a = _row("a", [0.5] * 4, rounds=[[d * 0.5] for d in drift])
+    b = _row("b", [0.55] * 4, rounds=[[d * 0.55 * n] for d, n in zip(drift, (1.01, 0.99, 1.0, 1.02))])
+    assert a.speedup_ci is None  # derived below
+    stats.derive([eager, a, b], units_per_step=1)
+    assert b.speedup_ci[1] > a.speedup_ci[0]  # overlapping intervals against eager
+    v = _verdict(eager, a, b)
+    assert v.best is a and v.tied_with == [] and v.pick == "a"
+
+
+def test_no_pick_below_the_noise_floor_or_from_too_few_rounds():
+    from cnncompare.core.report.summary import summary_line
+
+    eager = _row("eager", [1.0] * 3, rounds=[[1.0], [1.1], [0.9]])
+    control = _row("eager-control", [1.0] * 3, rounds=[[0.9], [1.05], [0.95]])  # eager against itself
+    fast = _row("fast", [0.9] * 3, rounds=[[0.95], [1.0], [0.83]])  # 1.05-1.1x: inside the noise floor
+    v = _verdict(eager, control, fast)
+    assert v.best is fast and v.control is control and v.below_control and v.pick is None
+    assert "no backend clears this run's noise floor" in summary_line(v) and "Noise floor" in summary_line(v)
+    assert v.to_dict()["noise_floor"]["speedup"] == control.speedup_vs_eager
+    clear = _row("clear", [0.5] * 3, rounds=[[0.5], [0.55], [0.45]])
+    assert _verdict(eager, control, clear).pick == "clear"
+    stats.derive([eager, clear], units_per_step=1)
+    one = stats.verdict("cpu", [eager, clear], rounds=1)
+    assert one.best is clear and one.pick is None and "no pick from 1 round(s)" in summary_line(one)
+
+
+def test_a_failed_round_pairs_with_nothing_and_shifts_no_pairing():
+    eager = _row("eager", [1.0] * 3, rounds=[[1.0], [2.0], [1.0]])  # round 2 ran on a machine twice as slow
+    fast = _row("fast", [0.5] * 2, rounds=[[0.5], [], [0.5]])  # its round 2 failed
+    speedup, low, high = stats.speedup_interval(stats.rounds_of(eager), stats.rounds_of(fast))
+    assert speedup == pytest.approx(2.0) and low == pytest.approx(2.0)  # rounds 1 and 3 only, never 3 against 2

@@ -28,6 +28,17 @@ class Eager:
         return model
 
 
+class EagerControl(Eager):
+    """The A/A control: eager again, in a cell of its own like any backend. Its speedup over eager
+    is what "no difference" looks like on this machine in this run (the noise floor); the verdict
+    picks no backend that doesn't clear it. The command line adds it beside eager (``--no-control``
+    leaves it out), so it is not in ``all``."""
+
+    name = "eager-control"
+    description = "eager again, measured like any backend: its speedup over eager is this run's noise floor"
+    in_all = False
+
+
 class EagerFused:
     name = "eager-fused"
     description = "eager with Adam(fused=True): one fused kernel for the optimizer update"
@@ -50,5 +61,5 @@ class ChannelsLast(ChannelsLastInput):
 
 @hookimpl
 def cnncompare_register_backends(register):
-    for cls in (Eager, EagerFused, ChannelsLast):
+    for cls in (Eager, EagerControl, EagerFused, ChannelsLast):
         register(cls())

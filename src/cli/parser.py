@@ -131,6 +131,10 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         elif (kind := _field_type(hints[f.name])) in (int, float):
             kwargs["type"] = _number(kind)
         target.add_argument(meta["flag"], **kwargs)
+    p.add_argument("--no-control", action="store_true",
+                   help="leave out eager-control, eager measured again like any backend, whose speedup over eager "
+                   "is the run's noise floor; the verdict picks no backend that doesn't clear it (default: added "
+                   "beside eager)")
     out = p.add_argument_group("output")
     out.add_argument("--output", type=Path, default=None, metavar="PATH.md",
                      help="markdown report path (default: cnncompare-runs/cnncompare-<timestamp>.md)")
@@ -180,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
     cmp = sub.add_parser("compare", prog="cnncompare compare", help="compare two runs' JSON reports (a CI gate)",
-                         description="Compare two runs' step times cell by cell (Mann-Whitney U test on the samples).")
+                         description="Compare two runs' step times cell by cell (Welch's t-test on the rounds' log medians).")
     cmp.add_argument("base", type=Path, metavar="BASE.json", help="the earlier run's JSON report")
     cmp.add_argument("new", type=Path, metavar="NEW.json", help="the later run's JSON report")
     cmp.add_argument("--fail-above", type=_bounded_float(lambda v: v >= 0, "a percentage >= 0"), default=None,
@@ -188,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ..core.stats import DEFAULT_ALPHA
 
     cmp.add_argument("--alpha", type=_bounded_float(lambda v: 0 < v < 1, "between 0 and 1"), default=DEFAULT_ALPHA,
-                     help=f"significance level of the rank test (default: {DEFAULT_ALPHA})")
+                     help=f"significance level of the test (default: {DEFAULT_ALPHA})")
     cmp.add_argument("--any-workload", action="store_true",
                      help="compare runs of different workloads (or of one workload with other options) cell by cell")
 

@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 from ..core.config import ConfigError, RunConfig, flagged_fields
 from ..core.report.writer import Outputs, write_report, write_sweep
+from ..core.stats import CONTROL
 from . import select
 from .parser import EXIT_FOUND, EXIT_HARNESS, EXIT_OK, UsageError
 
@@ -71,6 +72,8 @@ def _configs(args: argparse.Namespace, registry, device_parts) -> list[RunConfig
     """One ``RunConfig`` per batch size (one, or a sweep's), checked here and now."""
     backends = select.backends(args.backends, registry, args.mode)
     options = select.backend_options(args.backend_option, backends, registry)
+    if "eager" in backends and CONTROL not in backends and not args.no_control:
+        backends.insert(backends.index("eager") + 1, CONTROL)
     workload = select.workload(args, registry)
     sizes = args.batch_size if isinstance(args.batch_size, tuple) else (args.batch_size,)
     try:

@@ -122,7 +122,7 @@ class RunConfig:
                          "for more", minimum=0, metavar="N")
     rounds: int = option(
         3, "--rounds", "rounds per device: each runs every backend once, in a fresh process, in a new shuffled "
-        "order, so drift hits every backend alike; the speedup is the median over rounds with a 95 %% interval; "
+        "order, so drift hits every backend alike; the speedup is the geometric mean over rounds with a 95 %% interval; "
         "rounds after the first reuse the cell's compile cache (its compile times are reported as warm)",
         minimum=1, metavar="N")
     seed: int = option(0, "--seed", "seed for weights and data", minimum=0, metavar="N")

@@ -56,7 +56,7 @@ class CellResult(Measured):
     wall_s: Optional[float] = None
     # Each round's median step seconds; with --rounds > 1 also each round's samples (step_s
     # pools them), compile and first-step seconds (round 1's are the cold ones).
-    rounds: Optional[list[float]] = None
+    rounds: Optional[list[Optional[float]]] = None
     round_samples: Optional[list[list[float]]] = None
     round_compile_s: Optional[list[Optional[float]]] = None
     round_first_step_s: Optional[list[Optional[float]]] = None
@@ -131,7 +131,7 @@ class RunReport:
     def _derive(self) -> None:
         stats.derive(self.results, self.config.batch_size * self.config.workload.units_per_sample,
                      latency=self.config.mode == "inference")
-        self.verdicts = {device: stats.verdict(device, self.rows(device)) for device in self.devices()}
+        self.verdicts = {device: stats.verdict(device, self.rows(device), self.config.rounds) for device in self.devices()}
 
     def devices(self) -> list[str]:
         return list(dict.fromkeys(r.device for r in self.results))

@@ -4,5 +4,5 @@
   (assembled from ``tables``, ``summary``'s sentences, ``legend`` and ``formatting``)
 - ``data``      JSON and CSV
 - ``charts``    PNG charts (optional matplotlib)
-- ``compare``   two runs cell by cell, with a rank test
+- ``compare``   two runs cell by cell, tested round by round
 """

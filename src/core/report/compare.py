@@ -1,9 +1,10 @@
 """Compare two runs cell by cell: did it get slower, and is the change beyond the noise?
 
-The test is Mann-Whitney U (two-sided) on the kept per-step samples: a rank
-test, so it assumes no distribution and one outlier step can't decide it.
-Where both runs have several rounds, each side's median is the median of its
-rounds' medians (``stats.typical_step_s``) and the test pools every round's steps.
+Each side's figure is the median of its rounds' medians (``stats.typical_step_s``). The
+test is at the level that is independent: each round is a fresh process, so the samples are the
+rounds' log medians (Welch's t-test, ``stats.rounds_test``); steps inside one process are not
+independent repeats. With one round on a side there is nothing to test: the change is shown,
+its significance is not claimed.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from tabulate import tabulate
 
 from ..records import Status
 from ..results import RunReport, differences
-from ..stats import rank_test, typical_step_s
+from ..stats import rounds_of, rounds_test, typical_step_s
 from .formatting import md_cell
 
 
@@ -51,7 +52,7 @@ def compare_runs(base: RunReport, new: RunReport) -> list[CellComparison]:
         if b and n and b.status == n.status == Status.OK and b.step_s and n.step_s:
             c.base_median, c.new_median = typical_step_s(b), typical_step_s(n)
             c.ratio = c.new_median / c.base_median
-            c.p_value = rank_test(b.step_s.samples, n.step_s.samples)
+            c.p_value = rounds_test(rounds_of(b), rounds_of(n))
         out.append(c)
     return out
 
@@ -65,7 +66,8 @@ def render_comparison(base: RunReport, new: RunReport, cells: list[CellCompariso
                       fail_above_pct: Optional[float]) -> str:
     out = ["# cnncompare: comparison", "",
            f"Base: {md_cell(base.started_at)} · new: {md_cell(new.started_at)}. Ratio = new median ÷ base median "
-           f"(> 1 is slower). *Beyond noise* = Mann-Whitney U test on the per-step samples, two-sided, p < {alpha:g}."]
+           f"(> 1 is slower). *Beyond noise* = Welch's t-test on the rounds' log medians (each round a fresh process), "
+           f"two-sided, p < {alpha:g}; with one round on a side, untested."]
     changes = differences(base, new)
     if changes:
         out += ["", "**The environment or the workload changed**, so differences may come from them, not the code:", ""]
@@ -74,7 +76,8 @@ def render_comparison(base: RunReport, new: RunReport, cells: list[CellCompariso
         rows = []
         for c in (c for c in cells if c.device == device):
             if c.ratio is not None:
-                verdict = ("slower" if c.ratio > 1 else "faster") if c.significant(alpha) else "within noise"
+                verdict = (("slower" if c.ratio > 1 else "faster") if c.significant(alpha) else
+                           "within noise" if c.p_value is not None else "untested (one round)")
                 rows.append([md_cell(c.backend), f"{c.base_median:.4g}", f"{c.new_median:.4g}", f"{c.ratio:.3f}",
                              f"{c.change_pct:+.1f} %", "–" if c.p_value is None else f"{c.p_value:.3g}", verdict])
             else:

@@ -13,6 +13,7 @@ from ..config import RunConfig
 from ..results import CellResult, RoundInfo, RunReport
 from ..stats import (
     CONFIDENCE,
+    CONTROL,
     NOISE_THRESHOLD,
     T_INTERVAL_MIN_ROUNDS,
     Verdict,
@@ -50,17 +51,20 @@ def run_line(report: RunReport, batch: Optional[str] = None) -> str:
 def summary_line(v: Verdict, mode: str = "train") -> str:
     """Which backend to pick on this device, what it costs up front, and whether the win is real;
     break-even counted in ``mode``'s steps (training steps, or forwards); then, apart, the fastest
-    row that computes in another precision than eager."""
+    row that computes in another precision than eager, and the run's noise floor (eager against
+    itself)."""
     line = _ranked_line(v, mode)
     other = v.other_precision
-    if other is None:
-        return line
-    declared = other.parity.declared_precision if other.parity else None
-    measured = measured_precision(other)
-    how = f"computes in {measured}" + (f", though it declares {declared}" if declared and declared != measured else "")
-    return (line[:-1] if line.endswith(".") else line) + (
-        f". At another precision than eager's ({v.precision}): **{md_cell(other.backend)}** at {speedup(other)} "
-        f"eager ({how}; parity passed).")
+    if other is not None:
+        declared = other.parity.declared_precision if other.parity else None
+        measured = measured_precision(other)
+        how = f"computes in {measured}" + (f", though it declares {declared}" if declared and declared != measured else "")
+        line = (line[:-1] if line.endswith(".") else line) + (
+            f". At another precision than eager's ({v.precision}): **{md_cell(other.backend)}** at {speedup(other)} "
+            f"eager ({how}; parity passed).")
+    if v.control is not None and v.control.speedup_vs_eager is not None:
+        line += f" Noise floor (eager against itself, `{CONTROL}`): {speedup(v.control)}."
+    return line
 
 
 def _ranked_line(v: Verdict, mode: str) -> str:
@@ -72,6 +76,11 @@ def _ranked_line(v: Verdict, mode: str) -> str:
         return (f"- **{device}**: fastest **{md_cell(best.backend)}**, {best.step_s.median:.4g} s/step "
                 "(no eager row, so no speedup and no verdict).")
     names = ", ".join(f"**{md_cell(n)}**" for n in v.tied_with if n != "eager")
+    if v.too_few_rounds:
+        return (f"- **{device}**: no pick from {v.rounds} round(s): the fastest is **{md_cell(best.backend)}** at "
+                f"{speedup(best)} eager, but with fewer than {T_INTERVAL_MIN_ROUNDS} rounds the intervals come from "
+                f"one process's steps and are narrower than the truth. Rerun with `--rounds "
+                f"{T_INTERVAL_MIN_ROUNDS}` or more.")
     if best is v.eager:
         return (f"- **{device}**: pick **eager**, {best.step_s.median:.4g} s/step: no backend beat it here"
                 + (f" ({names} within its noise)." if names else "."))
@@ -79,9 +88,13 @@ def _ranked_line(v: Verdict, mode: str) -> str:
         return (f"- **{device}**: no backend is clearly faster than eager: the fastest, **{md_cell(best.backend)}** "
                 f"at {speedup(best)} eager, has a {CONFIDENCE:.0%} interval that reaches 1.0"
                 + (f" ({names} within it too)" if names else "") + ". Rerun with more `--rounds` to separate them.")
+    if v.below_control:
+        return (f"- **{device}**: no backend clears this run's noise floor: the fastest, **{md_cell(best.backend)}** "
+                f"at {speedup(best)} eager, doesn't reach above eager measured against itself"
+                + (f" ({names} tied with it)" if names else "") + ". Rerun with more `--rounds` to separate them.")
     if v.tied_with:
-        return (f"- **{device}**: a tie: **{md_cell(best.backend)}** at {speedup(best)} eager, and {names}, whose "
-                f"{CONFIDENCE:.0%} intervals reach its lower end. Rerun with more `--rounds` to separate them.")
+        return (f"- **{device}**: a tie: **{md_cell(best.backend)}** at {speedup(best)} eager, and {names}, which it "
+                f"doesn't beat at {CONFIDENCE:.0%} round by round. Rerun with more `--rounds` to separate them.")
     text = f"- **{device}**: pick **{md_cell(best.backend)}**, {best.step_s.median:.4g} s/step, {speedup(best)} eager"
     if best.break_even_steps == 0:
         text += ", with no extra up-front cost"
@@ -99,7 +112,7 @@ def rounds_line(device: str, log: list[RoundInfo]) -> Optional[str]:
     if len(log) < 2:
         return None
     text = (f"Rounds ({md_cell(device)}): {len(log)}, each backend once per round in a fresh shuffled order; "
-            f"speedup = median over rounds of each round's ratio to eager, with its {CONFIDENCE:.0%} interval "
+            f"speedup = geometric mean over rounds of each round's ratio to eager, with its {CONFIDENCE:.0%} interval "
             f"({_interval_method(len(log))}); compile and first step (warm) = the median of later rounds', "
             "which reuse the cell's compile cache; break-even counts round 1's cold costs.")
     spread = sentinel_spread([info.sentinel_s for info in log])
@@ -112,7 +125,7 @@ def rounds_line(device: str, log: list[RoundInfo]) -> Optional[str]:
 
 def _interval_method(rounds: int) -> str:
     return ("Student's t over the rounds' log ratios" if rounds >= T_INTERVAL_MIN_ROUNDS
-            else "a bootstrap over rounds and steps, narrower than the truth with so few rounds")
+            else "a bootstrap over each round's steps, narrower than the truth with so few rounds: no pick")
 
 
 def randomness_line(rows: list[CellResult]) -> str:

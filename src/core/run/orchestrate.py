@@ -151,12 +151,17 @@ def _add_round(report: RunReport, later: CellResult, k: int) -> None:
     """Fold a later round into its row: its samples and median, its warm compile times; a round
     that failed leaves a note and no figure (the row keeps round 1's status and verdicts)."""
     row = next(r for r in report.results if (r.backend, r.device) == (later.backend, later.device))
-    if later.status != Status.OK or later.step_s is None:
-        row.notes.append(f"round {k}: {later.status.value}" + (f" ({later.error})" if later.error else ""))
-        return
     assert row.step_s is not None
-    row.round_samples = (row.round_samples or [row.step_s.samples]) + [later.step_s.samples]
-    row.rounds = [statistics.median(s) for s in row.round_samples]
+    failed = later.status != Status.OK or later.step_s is None
+    if failed:
+        row.notes.append(f"round {k}: {later.status.value}" + (f" ({later.error})" if later.error else ""))
+    # A failed round keeps its place (an empty round), so round k still pairs with eager's round k.
+    row.round_samples = (row.round_samples or [row.step_s.samples]) + [[] if later.step_s is None or failed
+                                                                        else later.step_s.samples]
+    row.rounds = [statistics.median(s) if s else None for s in row.round_samples]
+    if failed:
+        report.rederive()
+        return
     row.step_s = StepStats.from_samples([s for samples in row.round_samples for s in samples])
     row.round_compile_s = (row.round_compile_s or [row.compile_s]) + [later.compile_s]
     row.round_first_step_s = (row.round_first_step_s or [row.first_step_s]) + [later.first_step_s]

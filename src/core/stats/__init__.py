@@ -1,0 +1,45 @@
+"""Every statistic and derived figure, with its thresholds named once; renderers only format.
+
+- ``intervals``  pure statistics over step seconds: summaries, paired speedup intervals, the
+                 test ``compare`` uses. Imports nothing of cells or reports.
+- ``figures``    a report's derived figures (``derive``): throughput, speedup, break-even, memory
+                 ratio, % of peak, DDP scaling, latency, parity's cost, the allocator hint.
+- ``verdict``    which backend to pick on a device, and how far to trust it.
+"""
+from .figures import (
+    KERNEL_SHARE_HINT,
+    LATENCY_PERCENTILES,
+    ParityCost,
+    derive,
+    kernel_share,
+    kernel_share_hint,
+    measured_precision,
+    memory_ratio,
+    one_off_cost,
+    one_off_peak,
+    parity_cost,
+    rounds_of,
+    typical_step_s,
+)
+from .intervals import (
+    BOOTSTRAP_RESAMPLES,
+    CONFIDENCE,
+    DEFAULT_ALPHA,
+    NOISE_THRESHOLD,
+    T_INTERVAL_MIN_ROUNDS,
+    Rounds,
+    StepStats,
+    quartiles_overlap,
+    round_medians,
+    rounds_test,
+    sentinel_spread,
+    slowest,
+    speedup_interval,
+)
+from .verdict import CONTROL, Verdict, verdict
+
+__all__ = ["BOOTSTRAP_RESAMPLES", "CONFIDENCE", "CONTROL", "DEFAULT_ALPHA", "KERNEL_SHARE_HINT", "LATENCY_PERCENTILES",
+           "NOISE_THRESHOLD", "T_INTERVAL_MIN_ROUNDS", "ParityCost", "Rounds", "StepStats", "Verdict", "derive",
+           "kernel_share", "kernel_share_hint", "measured_precision", "memory_ratio", "one_off_cost", "one_off_peak",
+           "parity_cost", "quartiles_overlap", "round_medians", "rounds_of", "rounds_test", "sentinel_spread", "slowest",
+           "speedup_interval", "typical_step_s", "verdict"]

@@ -1,0 +1,153 @@
+"""Pure statistics over step times: summaries, paired speedup intervals, tests between runs.
+
+Nothing here knows what a cell or a report is: the inputs are seconds. ``figures`` and
+``verdict`` apply these to a report's rows.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+from scipy import stats as _scipy
+
+#: IQR / median above this: the machine was noisy (torch.utils.benchmark warns at the same 10 %).
+NOISE_THRESHOLD = 0.10
+#: Significance level of ``cnncompare compare``'s test.
+DEFAULT_ALPHA = 0.05
+#: A speedup's interval: this coverage; with fewer than ``T_INTERVAL_MIN_ROUNDS`` rounds, from this
+#: many bootstrap resamples (seeded: the same samples give the same interval every time).
+CONFIDENCE = 0.95
+BOOTSTRAP_RESAMPLES = 2000
+#: From this many rounds (independent processes) an interval is Student's t over the rounds; below,
+#: a bootstrap over one process's steps, narrower than the truth, and no verdict picks from it.
+T_INTERVAL_MIN_ROUNDS = 3
+
+#: Step seconds, round by round: one tuple per round (an empty one for a round that failed).
+Rounds = tuple[tuple[float, ...], ...]
+
+
+@dataclass
+class StepStats:
+    """Seconds per step over the measured steps; every sample kept, in run order."""
+
+    median: float
+    q1: float
+    q3: float
+    min: float
+    max: float
+    n: int
+    samples: list[float]
+
+    @classmethod
+    def from_samples(cls, samples: Sequence[float]) -> "StepStats":
+        if not samples:
+            raise ValueError("no samples")
+        data = sorted(float(s) for s in samples)
+        if len(data) == 1:
+            q1 = q3 = data[0]
+        else:
+            # 'inclusive' interpolates between order statistics like numpy's default.
+            q1, _, q3 = statistics.quantiles(data, n=4, method="inclusive")
+        return cls(median=statistics.median(data), q1=q1, q3=q3, min=data[0], max=data[-1], n=len(data),
+                   samples=[float(s) for s in samples])
+
+    @property
+    def iqr(self) -> float:
+        return self.q3 - self.q1
+
+    def percentile(self, p: float) -> float:
+        """The ``p``-th percentile (0-100) of the samples, interpolating linearly between order
+        statistics (numpy's default): with n samples p99 is near the largest once n < 100."""
+        data = sorted(self.samples)
+        position = (len(data) - 1) * p / 100.0
+        low = math.floor(position)
+        high = min(low + 1, len(data) - 1)
+        return data[low] + (data[high] - data[low]) * (position - low)
+
+    @property
+    def relative_spread(self) -> float:
+        """IQR / median."""
+        return self.iqr / self.median if self.median > 0 else math.inf
+
+    @property
+    def noisy(self) -> bool:
+        return self.relative_spread > NOISE_THRESHOLD
+
+
+def quartiles_overlap(faster: StepStats, slower: StepStats) -> bool:
+    """Whether the faster one's third quartile reaches the slower one's first: within the noise."""
+    return faster.q3 >= slower.q1
+
+
+def slowest(medians: Sequence[float]) -> int:
+    """Index of the slowest rank: a synchronous step waits for it."""
+    return max(range(len(medians)), key=medians.__getitem__)
+
+
+def sentinel_spread(seconds: Sequence[Optional[float]]) -> Optional[tuple[float, float]]:
+    """The drift sentinel's fastest and slowest time over a device's rounds, None without two."""
+    known = [s for s in seconds if s is not None]
+    return (min(known), max(known)) if len(known) > 1 else None
+
+
+def round_medians(rounds: Rounds) -> list[Optional[float]]:
+    """Each round's median step, None for a round that failed."""
+    return [statistics.median(r) if r else None for r in rounds]
+
+
+@functools.lru_cache(maxsize=4096)
+def speedup_interval(base: Rounds, other: Rounds) -> tuple[float, float, float]:
+    """``(speedup, low, high)`` of ``other`` against ``base`` (> 1: ``other`` is faster).
+
+    Rounds are paired by their number (a round's drift hits both alike; a round that failed on
+    either side pairs with nothing). Each pair gives ``median(base) / median(other)``; the speedup
+    is their geometric mean, the centre of its 95 % interval:
+
+    - with ``T_INTERVAL_MIN_ROUNDS`` pairs or more, Student's t over the pairs' log ratios (the
+      rounds are the independent repeats; a round's steps only make its median);
+    - with fewer, a bootstrap over each round's steps (scipy's, percentile, seeded): all there is,
+      and narrower than the truth, since one process's steps are not independent repeats.
+
+    It always contains the speedup. Cached: a report is derived again whenever a row joins.
+    """
+    pairs = [(np.asarray(b), np.asarray(o)) for b, o in zip(base, other) if b and o]
+    if not pairs:
+        raise ValueError("no round measured both")
+    logs = np.log([np.median(b) / np.median(o) for b, o in pairs])
+    speedup = float(np.exp(logs.mean()))
+    if len(logs) >= T_INTERVAL_MIN_ROUNDS:
+        spread = float(_scipy.sem(logs))
+        low, high = (speedup, speedup) if spread == 0 else (
+            float(np.exp(v)) for v in _scipy.t.interval(CONFIDENCE, len(logs) - 1, loc=logs.mean(), scale=spread))
+    else:
+        samples = [a for pair in pairs for a in pair]
+
+        def statistic(*data, axis=-1):
+            ratios = [np.median(b, axis=axis) / np.median(o, axis=axis) for b, o in zip(data[::2], data[1::2])]
+            return np.exp(np.mean(np.log(ratios), axis=0))
+
+        if all(len(s) > 1 for s in samples):
+            result = _scipy.bootstrap(samples, statistic, n_resamples=BOOTSTRAP_RESAMPLES, confidence_level=CONFIDENCE,
+                                      method="percentile", random_state=np.random.default_rng(0))
+            low, high = float(result.confidence_interval.low), float(result.confidence_interval.high)
+        else:
+            low = high = speedup
+    return speedup, min(low, speedup), max(high, speedup)
+
+
+def rounds_test(base: Rounds, new: Rounds) -> Optional[float]:
+    """Two-sided p-value that two runs' step times differ, at the level that is independent: each
+    round is a fresh process, so the samples are the rounds' log medians (Welch's t-test, unequal
+    variances). Steps inside one process are not independent repeats: pooling them made p-values
+    far too small. None with fewer than two rounds on a side."""
+    a = [math.log(m) for m in round_medians(base) if m]
+    b = [math.log(m) for m in round_medians(new) if m]
+    if len(a) < 2 or len(b) < 2:
+        return None
+    if np.std(a) == 0 and np.std(b) == 0:
+        return 0.0 if a[0] != b[0] else 1.0
+    return float(_scipy.ttest_ind(a, b, equal_var=False).pvalue)
