@@ -66,7 +66,7 @@ bounded() {
     python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
 [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])' || exit 1
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv 2>&1 || true
-    python3 -m cnncompare --list || exit 1
+    python3 -m cnncompare list || exit 1
 
     echo "== 2. the seed matrix on $devices ($(left) s left)"
     # shellcheck disable=SC2086  # MATRIX_ARGS is a list of options
