@@ -1,6 +1,6 @@
 """Parity's margins at the seed config: every correct backend passes with room, every wrong one fails.
 
-    python bench/parity_margins.py [--out reports/parity-margins.md]
+    python bench/parity_margins.py [--out reports/parity-margins.md] [--only PATTERN,...]
 
 Runs, at the default (seed) config with 5 measured steps in one round, the correct built-ins,
 the amp plugin's bf16 rows and every wrong backend of the test suite (tests/wrong_backends.py:
@@ -48,10 +48,18 @@ def run(mode: str, backends: tuple[str, ...]) -> RunReport:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "parity-margins.md")
+    parser.add_argument("--only", default=None, metavar="PATTERN[,PATTERN...]",
+                        help="run only the backends matching these globs (eager always runs), e.g. '*bf16*'")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     plans = [("train", TRAIN + tuple(cls.name for cls in wrong_backends.WRONG + test_amp.WRONG_BF16)),
              ("inference", INFERENCE + tuple(cls.name for cls in wrong_backends.WRONG_INFERENCE))]
+    if args.only:
+        from fnmatch import fnmatchcase
+
+        patterns = args.only.split(",")
+        plans = [(mode, chosen) for mode, backends in plans
+                 if len(chosen := tuple(b for b in backends if b == "eager" or any(fnmatchcase(b, x) for x in patterns))) > 1]
     rows, reference_s = [], {}
     for mode, backends in plans:
         report = run(mode, backends)

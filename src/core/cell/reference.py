@@ -20,8 +20,8 @@ trains the workload eagerly over the run's batches (``training.Job.batches``):
 - in each reduced precision the device has (autocast bf16; on CUDA also fp16, and fp32 with
   TF32): one step, so each row's *measured* precision can be named from its errors; where a
   planned backend declares that precision, over every step (its drift from plain fp32's losses)
-  and twice more to the deepest parity step, perturbed by that precision's unit roundoff; the
-  largest error of the three then raises that backend's limits.
+  and twice more to the deepest parity step, perturbed by one ulp of that precision; the largest
+  error of the three then raises that backend's limits.
 
 A workload that draws random numbers (dropout) is detected here (two forwards under other
 seeds differ); every cell and this reference then seed torch's generator before each step
@@ -58,6 +58,8 @@ from .training import Job, make_optimizer, output_tensors, step_seed, summary
 #: rounding at step 1) 10x over its limit at step 3; 256 ulps pass it at 0.07 while other Adam
 #: betas still fail there at 3.3x.
 JITTER = 2.0**-16
+#: Amplitude of the perturbed runs in a reduced precision, in its unit roundoffs: 2, one ulp.
+REDUCED_JITTER = 2.0
 #: Reduced precisions a row's measured precision is named from, by device type.
 CANDIDATES = {"cpu": ("bf16",), "cuda": ("tf32", "fp16", "bf16")}
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -302,14 +304,15 @@ def compute(job: Job, device: torch.device, plan: ReferencePlan) -> dict:
             full = p in plan.precisions
             try:
                 computed = run(torch.float32, steps if full else 1, snap_at if full else frozenset({1}), precision=p)
-                # Unit roundoff of each reduced precision: a perturbed run in it moves every value by up to it,
-                # so a value may round to either neighbour. Measured at the seed config: perturbed by half of
-                # it, bf16 eager's last BatchNorm-weight update moved 0.1 % in scale where compile-amp-bf16's
-                # (a correct bf16 recipe) is 3.5 % off; by all of it, enough to cover that in one draw of the
-                # noise and 2x short of it in another: two draws, the larger error counting, as for fp32.
-                # Only their snapshots are used (the drift is the plain run's): they stop at the deepest one.
+                # One ulp of each reduced precision (twice its unit roundoff): a correct implementation may
+                # round any op's result to either neighbour. Measured at the seed config: perturbed by half a
+                # unit roundoff, bf16 eager's last BatchNorm-weight update moved 0.1 % in scale where
+                # compile-amp-bf16's (a correct bf16 recipe) is 3.5 % off; by one unit roundoff, enough to
+                # cover that in one draw of the noise, 1.6-2x short of it in three others. Two draws, the
+                # larger error counting, as for fp32; only their snapshots are used (the drift is the plain
+                # run's), so they stop at the deepest parity step.
                 perturbed_p = [run(torch.float32, deepest, snap_at, precision=p, perturb=seed,
-                                   amplitude=UNIT_ROUNDOFF[p])[0] for seed in (3, 4)] if full else []
+                                   amplitude=REDUCED_JITTER * UNIT_ROUNDOFF[p])[0] for seed in (3, 4)] if full else []
             except Exception as exc:  # autocast in that dtype unsupported here: that precision isn't named
                 precisions[p] = f"{type(exc).__name__}: {exc}"
                 continue
