@@ -39,9 +39,10 @@ def _precision_cell(r: CellResult) -> str:
 
 
 def _sorted(results: list[CellResult]) -> list[CellResult]:
-    """ok rows fastest first, then the rest in run order."""
+    """ok rows fastest first, by the speedup the verdict ranks by (round by round against eager;
+    the pooled step median where there is no speedup), then the rest in run order."""
     ok = sorted((r for r in results if r.status == Status.OK and r.step_s),
-                key=lambda r: r.step_s.median if r.step_s else 0.0)
+                key=lambda r: (-r.speedup_vs_eager, 0.0) if r.speedup_vs_eager else (0.0, r.step_s.median if r.step_s else 0.0))
     return ok + [r for r in results if r not in ok]
 
 
