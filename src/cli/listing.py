@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Optional
 
 from ..core.config import DEFAULT_WORKLOAD
 from . import select
@@ -31,15 +32,21 @@ def list_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _as_json(registry, slots, what) -> object:
+def _unavailable(backend, slots) -> dict[str, Optional[str]]:
+    """Per device, why ``backend`` can't run there (None: it can)."""
     import torch
 
+    from ..backends import base
+
+    return {s.name: s.unavailable or base.unavailable_reason(backend, torch.device(s.name)) for s in slots}
+
+
+def _as_json(registry, slots, what) -> object:
     from ..backends import base
     from ..workloads.base import description
 
     backends = [{"name": name, "plugin": registry.origin[name], "in_all": base.in_all(b), "modes": list(base.modes(b)),
-                 "description": base.description(b),
-                 "unavailable": {s.name: s.unavailable or base.unavailable_reason(b, torch.device(s.name)) for s in slots}}
+                 "description": base.description(b), "unavailable": _unavailable(b, slots)}
                 for name, b in registry.backends.items()]
     workloads = [{"name": name, "plugin": registry.workload_origin[name], "sample_unit": w.sample_unit,
                   "options": dict(w.options), "description": description(w)} for name, w in registry.workloads.items()]
@@ -50,17 +57,14 @@ def _as_json(registry, slots, what) -> object:
 
 def render_backends(registry, slots) -> str:
     """Every backend with its plugin, modes and availability per device."""
-    import torch
     from tabulate import tabulate
 
     from ..backends import base
 
     rows = []
     for name, backend in registry.backends.items():
-        availability = []
-        for slot in slots:
-            reason = slot.unavailable or base.unavailable_reason(backend, torch.device(slot.name))
-            availability.append(f"{slot.name}: {'yes' if not reason else 'no (' + reason + ')'}")
+        availability = [f"{device}: {'yes' if not reason else 'no (' + reason + ')'}"
+                        for device, reason in _unavailable(backend, slots).items()]
         in_all = "yes" if base.in_all(backend) else "no"
         rows.append([name, registry.origin[name], in_all, ", ".join(base.modes(backend)), base.description(backend),
                      "; ".join(availability)])
