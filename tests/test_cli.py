@@ -177,7 +177,7 @@ def test_dry_run_prints_the_plan_and_an_estimate_from_an_earlier_run_and_runs_no
     argv = ["--devices", "cpu", "--backends", "eager,compile-reduce-overhead", "--image-size", "8", "--batch-size", "4",
             "--dry-run", "--output", str(tmp_path / "runs" / "r.md")]
     code, out, _ = _run(capsys, *argv)
-    assert code == 0 and "cpu: 2 cells x 3 rounds: eager, eager-control" in out
+    assert code == 0 and "cpu: 2 cells x 2 rounds: eager, eager-control" in out
     assert "skipped: compile-reduce-overhead (mode='reduce-overhead' records CUDA graphs" in out
     assert "Estimated time: unknown" in out and not (tmp_path / "runs").exists()
     workload = WorkloadSpec("seed-cnn", {"image_size": 8, "in_channels": 3, "num_classes": 10}, "image")
@@ -187,8 +187,8 @@ def test_dry_run_prints_the_plan_and_an_estimate_from_an_earlier_run_and_runs_no
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "earlier.json").write_text(render_json(earlier))
     code, out, _ = _run(capsys, *argv)
-    # 2 cell-rounds took 2 min: 2 cells x 3 rounds now
-    assert code == 0 and "Estimated time: about 6 min" in out
+    # 2 cell-rounds took 2 min: 2 cells x 2 rounds now (rounds beyond them stop at the budget)
+    assert code == 0 and "Estimated time: about 4 min" in out
     assert "earlier.json: 2 cell-rounds took 2.0 min on CPU A" in out
 
 

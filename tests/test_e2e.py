@@ -39,7 +39,9 @@ def test_every_builtin_is_ok_with_parity_passed(builtin_report):
         assert r.parity.passed and r.parity.reference == "float64 eager, 3 steps"
         # fp32 is not fp64: a real comparison has a non-zero error
         assert 0 < r.parity.grad_rel_error < 1e-3
-        assert r.step_s.n == 5 and len(r.step_s.samples) == 5 and r.step_s.min > 0
+        # eager's warm process served each of the three others' 5 step pairs
+        n = 15 if r.backend == "eager" else 5
+        assert r.step_s.n == n and len(r.step_s.samples) == n and r.step_s.min > 0
         assert r.compile_s is not None and r.first_step_s > 0
         assert r.threads == 1
         assert r.peak_rss_mb >= r.peak_rss_first_step_mb > r.rss_baseline_mb > 50
@@ -161,13 +163,15 @@ def test_warm_compile_cache_runs_twice_and_keeps_the_cold_times(tiny_config):
     assert r.cold_compile_s is not None and r.cold_first_step_s is not None
 
 
-def test_rounds_shuffle_the_backends_reuse_the_cache_and_give_an_interval(tmp_path):
+def test_rounds_pair_each_backend_with_a_warm_eager_reuse_the_cache_and_give_an_interval(tmp_path):
     """--rounds 2: every backend twice, in a seeded shuffle per round, the sentinel timed at each
-    round's start; round 2 adds samples and a warm compile; the speedup gets an interval."""
+    round's start, each cell's steps paired with the round's warm eager process; round 2 adds
+    samples and a warm compile; the speedup gets an interval; a spent budget adds no round."""
     from _tiny import TINY
     from cnncompare.core.config import RunConfig
 
-    config = RunConfig(backends=("eager", "eager-fused", "jit-trace"), devices=("cpu",), **{**TINY, "rounds": 2})
+    config = RunConfig(backends=("eager", "eager-fused", "jit-trace"), devices=("cpu",),
+                       **{**TINY, "rounds": 2, "budget_s": 1.0})
     report = RunReport(environment={}, config=config)
     run_cells(plan_cells(config, [DeviceSlot("cpu")]), config, load_registry(entry_points=False), report,
               on_result=lambda rep: None)
@@ -175,9 +179,15 @@ def test_rounds_shuffle_the_backends_reuse_the_cache_and_give_an_interval(tmp_pa
     assert len(log) == 2 and all(sorted(info.order) == ["eager", "eager-fused", "jit-trace"] for info in log)
     assert all(info.sentinel_s > 0 for info in log)
     rows = {r.backend: r for r in report.results}
+    assert list(rows)[0] == "eager" and set(rows) == {"eager", "eager-fused", "jit-trace"}  # eager's row first,
+    # though it ends its rounds last
     for r in rows.values():
-        assert r.status is Status.OK and len(r.rounds) == 2 and [len(s) for s in r.round_samples] == [5, 5]
-        assert r.step_s.n == 10 and r.parity.passed
+        paired = r.backend != "eager"
+        assert r.status is Status.OK and len(r.rounds) == 2 and r.parity.passed
+        # eager's process served both backends' pairs in each round
+        assert [len(s) for s in r.round_samples] == ([5, 5] if paired else [10, 10])
+        assert [len(s) for s in r.round_eager_samples or []] == ([5, 5] if paired else [])
+        assert r.target_reached in ((True, False) if paired else (None,))
         low, high = r.speedup_ci
         assert low <= r.speedup_vs_eager <= high
     trace = rows["jit-trace"]

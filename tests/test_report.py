@@ -17,7 +17,7 @@ from cnncompare.core.stats import StepStats
 
 ENV = {"date": "2026-01-01T00:00:00+00:00", "cnncompare": "0.1.0", "torch": "2.13.0", "cpu": "Test CPU",
        "threads": 2, "gpus": []}
-CONFIG = RunConfig(batch_size=4, workload=TINY_WORKLOAD, steps=5, warmup=1)
+CONFIG = RunConfig(batch_size=4, workload=TINY_WORKLOAD, steps=5, warmup=1, rounds=3)
 
 
 def _parity(passed=True):

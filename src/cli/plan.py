@@ -56,7 +56,9 @@ def render_plan(configs: list[RunConfig], registry, slots, output_dir: Path) -> 
         w = config.workload
         options = ", ".join(f"{k}={v}" for k, v in w.options.items())
         lines.append(f"Plan: {w.name} ({options or 'no options'}), {config.mode}, batch {config.batch_size}, "
-                     f"{config.warmup} warm-up + {config.steps} measured steps, {config.rounds} round(s) per device.")
+                     f"{config.warmup} warm-up + {config.steps} measured steps, {config.rounds} round(s) per device"
+                     + (f", then more for the rows wider than ±{config.target:g} % while the run is within "
+                        f"{config.budget_s:g} s." if config.rounds > 1 and not config.distributed else "."))
         cells = 0
         for slot in slots:
             runs, skips = [], []
@@ -79,9 +81,12 @@ def _estimate(config: RunConfig, cells: int, folders: list[Path]) -> str:
     path, report = found
     seconds = _seconds(report)
     assert seconds is not None
-    done = sum(1 for r in report.results if r.status.value != "skipped") * max(report.config.rounds, 1)
+    done = sum(len([m for m in r.rounds or [None] if m is not None]) or 1
+               for r in report.results if r.status.value != "skipped")
     if not done:
         return f"Estimated time: unknown ({path} ran no cell)."
     estimate = seconds / done * cells * config.rounds
+    if config.rounds > 1 and not config.distributed:  # further rounds stop at the budget
+        estimate = max(estimate, min(config.budget_s, seconds))
     return (f"Estimated time: about {estimate / 60:.0f} min ({path}: {done} cell-rounds took "
             f"{seconds / 60:.1f} min on {report.environment.get('cpu', 'its machine')}).")

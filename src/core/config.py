@@ -97,7 +97,8 @@ class WorkloadSpec:
 @dataclass(frozen=True)
 class RunConfig:
     """What one run measures. Defaults are the seed study's (training, batch 128, 28x28), measured
-    in 3 rounds of 5 steps per cell (``--rounds``: see docs/verdicts.md for why those numbers).
+    in warm interleaved pairs with eager: at least 2 rounds of 5 step pairs per backend, more
+    where the interval is wider than ``target`` % while ``budget_s`` allows (docs/verdicts.md).
 
     ``backends`` and ``devices`` are resolved names (the CLI expands ``all``
     and patterns); ``threads`` None means every core this process may use,
@@ -116,15 +117,20 @@ class RunConfig:
     batch_size: int = option(128, "--batch-size", "samples per step", minimum=1)
     lr: float = 1e-3
     #: None: the mode's default (``DEFAULT_STEPS``), resolved on construction.
-    steps: int = option(None, "--steps", "measured steps per cell and round", minimum=1,
+    steps: int = option(None, "--steps", "measured steps per cell and round: step pairs with eager's, in a pair", minimum=1,
                         shown_default="5 in training, 20 in inference", metavar="N")
     warmup: int = option(3, "--warmup", "warm-up steps; at least 2 run (parity judges step 3), a backend may ask "
                          "for more", minimum=0, metavar="N")
     rounds: int = option(
-        3, "--rounds", "rounds per device: each runs every backend once, in a fresh process, in a new shuffled "
-        "order, so drift hits every backend alike; the speedup is the geometric mean over rounds with a 95 %% interval; "
-        "rounds after the first reuse the cell's compile cache (its compile times are reported as warm)",
-        minimum=1, metavar="N")
+        2, "--rounds", "process pairs at least per backend: in each round a fresh warm eager process is paired "
+        "with each backend's process in turn, the parent alternating their steps; round 1's cells are the cold "
+        "ones (compile, memory, parity), later rounds reuse each cell's compile cache", minimum=1, metavar="N")
+    target: float = option(
+        3.0, "--target", "after --rounds (from 2), keep adding rounds for the backends whose speedup's 95 %% "
+        "interval is wider than this half-width, in %% of the speedup, while --budget allows", metavar="PCT")
+    budget_s: float = option(
+        540.0, "--budget", "seconds the run may take before it stops adding rounds (the first --rounds always "
+        "run)", metavar="SECONDS")
     seed: int = option(0, "--seed", "seed for weights and data", minimum=0, metavar="N")
     threads: Optional[int] = option(None, "--threads", "torch CPU threads", minimum=1,
                                     shown_default="every available core", metavar="N")
@@ -167,6 +173,9 @@ class RunConfig:
                                   f"got {getattr(self, f.name)!r}")
         if not (isinstance(self.timeout_s, (int, float)) and math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ConfigError("--timeout", f"must be a positive number of seconds, got {self.timeout_s!r}")
+        for flag, value in (("--target", self.target), ("--budget", self.budget_s)):
+            if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ConfigError(flag, f"must be a positive number, got {value!r}")
         if isinstance(self.lr, bool) or not (isinstance(self.lr, (int, float)) and self.lr > 0):
             raise ConfigError("lr", f"must be a positive float, got {self.lr!r}")
         self._check_distributed()
@@ -230,6 +239,8 @@ class RunConfig:
         are read as the seed CNN's options, and from before ``--rounds`` as one round."""
         data = dict(data)
         data.setdefault("rounds", 1)
+        data.setdefault("target", 3.0)  # reports from before warm pairs, which had no target
+        data.setdefault("budget_s", 540.0)
         data.setdefault("mode", "train")  # reports from before --mode
         data.setdefault("backend_options", {})  # and before --backend-option
         if "workload" not in data:
@@ -250,7 +261,8 @@ class RunConfig:
 
 
 #: Config keys that choose what runs, where, or how it is supervised, not what a cell measures.
-_SELECTION_KEYS = ("backends", "devices", "timeout_s", "max_memory_mb", "node_rank", "rdzv_endpoint")
+_SELECTION_KEYS = ("backends", "devices", "timeout_s", "max_memory_mb", "node_rank", "rdzv_endpoint", "target",
+                   "budget_s")
 
 
 def flagged_fields() -> list[Field]:

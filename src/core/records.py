@@ -279,6 +279,9 @@ class CellOrder:
     judge: bool = True
     #: Set: this child computes the device's parity reference (``cell/reference.py``), not a cell.
     reference: Optional["ReferencePlan"] = None
+    #: Set: after its warm-up the cell serves its measured steps on command through the parent's
+    #: socket at this path (``cell/serve.py``), one of a warm pair, instead of timing ``steps``.
+    serve: Optional[str] = None
 
 
 @dataclass(frozen=True)

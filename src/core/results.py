@@ -33,7 +33,9 @@ from .stats import StepStats
 #: 7: a new batch every step; parity's ``trajectory_steps``, ``precision`` (measured),
 #: ``declared_precision`` and ``random``; weights judged by their last update; the device
 #: verdict's ``precision`` and ``fastest_other_precision``.
-SCHEMA_VERSION = 7
+#: 8: warm interleaved pairs: ``round_eager_samples`` (each round's eager steps paired with the
+#: row's), ``target_reached``, the config's ``target`` and ``budget_s``.
+SCHEMA_VERSION = 8
 
 #: Environment keys that must match for two runs to be comparable cell by cell.
 #: (The thread count is the config's, compared there.)
@@ -58,6 +60,9 @@ class CellResult(Measured):
     # pools them), compile and first-step seconds (round 1's are the cold ones).
     rounds: Optional[list[Optional[float]]] = None
     round_samples: Optional[list[list[float]]] = None
+    # Warm pairs: each round's eager steps paired with round_samples' (step pair i is the i-th of
+    # each); None for eager itself and for rows measured without pairs (--nproc).
+    round_eager_samples: Optional[list[list[float]]] = None
     round_compile_s: Optional[list[Optional[float]]] = None
     round_first_step_s: Optional[list[Optional[float]]] = None
     # Derived (stats.derive). images_per_s is throughput per second in the workload's throughput unit
@@ -65,6 +70,8 @@ class CellResult(Measured):
     images_per_s: Optional[float] = None
     speedup_vs_eager: Optional[float] = None
     speedup_ci: Optional[list[float]] = None
+    #: Paired rows: whether the interval's half-width is within the run's ``--target``.
+    target_reached: Optional[bool] = None
     warm_compile_s: Optional[float] = None
     warm_first_step_s: Optional[float] = None
     break_even_steps: Optional[int] = None
@@ -120,8 +127,11 @@ class RunReport:
     def __post_init__(self) -> None:
         self._derive()
 
-    def add(self, result: CellResult) -> None:
-        self.results.append(result)
+    def add(self, result: CellResult, first: bool = False) -> None:
+        """Add a row: after the others, or (``first``) before its device's other rows, where a plan
+        puts eager when its row joins last (warm pairs: it serves until its round ends)."""
+        at = next((i for i, r in enumerate(self.results) if r.device == result.device), len(self.results))
+        self.results.insert(at if first else len(self.results), result)
         self._derive()
 
     def rederive(self) -> None:
@@ -130,7 +140,7 @@ class RunReport:
 
     def _derive(self) -> None:
         stats.derive(self.results, self.config.batch_size * self.config.workload.units_per_sample,
-                     latency=self.config.mode == "inference")
+                     latency=self.config.mode == "inference", target_pct=self.config.target)
         self.verdicts = {device: stats.verdict(device, self.rows(device), self.config.rounds) for device in self.devices()}
 
     def devices(self) -> list[str]:
@@ -152,7 +162,7 @@ class RunReport:
 
     @classmethod
     def from_dict(cls, data: dict) -> "RunReport":
-        if data.get("schema_version") not in (1, 2, 3, 4, 5, 6, SCHEMA_VERSION):
+        if data.get("schema_version") not in range(1, SCHEMA_VERSION + 1):
             raise ValueError(f"unsupported schema_version {data.get('schema_version')!r} (expected {SCHEMA_VERSION})")
         data = _upgrade(dict(data))
         config = RunConfig.from_dict(data.pop("config"))

@@ -45,6 +45,7 @@ from .memory import DescendantsPeak, PhasePeaks, current_rss_mb, per_step_usage,
 from .parity import compare_with_reference, output_snapshot, parity_step, snapshot
 from .rank import Rank
 from .roofline import roofline
+from .serve import serve as serve_steps
 from .timing import timed, timed_steps
 from .training import EXAMPLE, Job, OutputLog, make_inference_step, make_optimizer, make_train_step, step_seed, trained_parameters
 
@@ -141,9 +142,14 @@ def _no_phase(name: str, done: int, total: int) -> None:
     pass
 
 
+def _no_tick(i: int) -> None:
+    pass
+
+
 def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
             checkpoint: Callable[[CellRecord], None], cell_dir: str, run_dir: Optional[str] = None,
-            on_phase: PhaseReporter = _no_phase, rank: Optional[Rank] = None, judge: bool = True) -> CellRecord:
+            on_phase: PhaseReporter = _no_phase, rank: Optional[Rank] = None, judge: bool = True,
+            serve: Optional[str] = None) -> CellRecord:
     """Measure ``backend`` training ``workload`` on ``device_name``; return the child's record.
 
     ``checkpoint`` is called with the record once timing and memory are
@@ -153,6 +159,10 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
 
     ``judge`` False (a later round of ``--rounds``) takes time and memory only: no parity
     snapshots, check or roofline (the first round's stand for the row).
+
+    ``serve`` (a socket path): after the warm-up the measured steps are the ones the parent asks
+    for through it (``serve.py``), interleaved with an eager peer's, instead of ``config.steps``
+    in a row; the steady-state memory and per-step CPU figures are over those steps.
 
     Under torchrun ``rank`` says where this process sits (see ``rank.py``):
     the returned record is then the node's combined row on a reporting rank;
@@ -249,10 +259,25 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
         phase = "steps"
         on_phase(phase, 0, config.steps)
         usage = process_usage()
-        record.step_samples = timed_steps(step, inputs, 2 + warmup, config.steps, device, losses,
-                                          lambda i: on_phase("steps", i, config.steps))
+        if serve is None:
+            record.step_samples = timed_steps(step, inputs, 2 + warmup, config.steps, device, losses,
+                                              lambda i: on_phase("steps", i, config.steps))
+        else:  # one of a warm pair: the parent asks for steps, interleaved with its eager peer's
+            served: list[float] = []
+
+            def run_steps(n: int, first: int = 2 + warmup, step=step, inputs=inputs, losses=losses) -> list[float]:
+                samples = timed_steps(step, inputs, first + len(served), n, device, losses, _no_tick)
+                served.extend(samples)
+                on_phase("steps", len(served), len(served))
+                return samples
+
+            serve_steps(serve, run_steps)
+            del run_steps  # it holds the model, freed before the parity check
+            if not served:
+                raise RuntimeError("the parent asked for no step (its warm pair ended before it began)")
+            record.step_samples = served
         record.cpu_user_s_per_step, record.cpu_sys_s_per_step, record.page_faults_per_step = \
-            per_step_usage(usage, process_usage(), config.steps)
+            per_step_usage(usage, process_usage(), len(record.step_samples))
         steady, record.cuda_peak_allocated_steady_mb, record.cuda_peak_reserved_steady_mb = peaks.take()
         record.peak_rss_steady_mb = steady if steady_peak_known else None
         record.peak_rss_mb = max(v for v in (record.peak_rss_first_step_mb, record.peak_rss_warmup_mb, steady)

@@ -52,8 +52,10 @@ def per_s(config: RunConfig) -> str:
 
 
 def speedup(r: CellResult) -> str:
-    """``1.49x`` with its interval where it has one: ``1.49x [1.40, 1.58]``."""
+    """``1.49x`` with its interval where it has one: ``1.49x [1.40, 1.58]``, and ``*`` after it
+    where the interval is wider than the run's ``--target`` (``CellResult.target_reached``)."""
     if r.speedup_vs_eager is None:
         return "–"
     ci = r.speedup_ci
-    return f"{r.speedup_vs_eager:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci and ci[0] != ci[1] else "")
+    return (f"{r.speedup_vs_eager:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci and ci[0] != ci[1] else "")
+            + ("*" if r.target_reached is False else ""))

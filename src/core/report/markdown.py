@@ -69,7 +69,7 @@ def render_markdown(report: RunReport, charts: Optional[list[tuple[str, str]]] =
     for device in devices:
         rows = report.rows(device)
         out += ["", f"## {md_cell(device)}", "", device_table(rows, config)]
-        rounds = rounds_line(device, report.round_log.get(device, []))
+        rounds = rounds_line(device, report.round_log.get(device, []), report.rows(device), report.config)
         if rounds:
             out += ["", rounds]
         diagnostics = diagnostics_table(rows)

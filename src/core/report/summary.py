@@ -7,7 +7,7 @@ row); these functions only word it. Every name from a report goes through ``md_c
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 from ..config import RunConfig
 from ..results import CellResult, RoundInfo, RunReport
@@ -41,8 +41,11 @@ def run_line(report: RunReport, batch: Optional[str] = None) -> str:
         + (", **inference** (one forward of the eval-mode model per step)" if config.mode == "inference"
            else ", **training** (forward, loss, backward, Adam per step)")
         + f", batch {size} {md_cell(plural(workload.sample_unit, size))}, "
-        f"{config.warmup} warm-up + {config.steps} measured steps per cell"
-        + (f" and round, {config.rounds} rounds" if config.rounds > 1 else "")
+        + (f"{config.warmup} warm-up steps and {config.steps} step pairs with a warm eager process per cell and "
+           f"round, at least {config.rounds} rounds, more while an interval is wider than ±{config.target:g} % and "
+           f"the {config.budget_s:g} s budget allows" if paired(report) else
+           f"{config.warmup} warm-up + {config.steps} measured steps per cell"
+           + (f" and round, {config.rounds} rounds" if config.rounds > 1 else ""))
         + (f"; C allocator: `--malloc {md_cell(config.malloc)}`" if config.malloc != "system" else "")
         + "."
     )
@@ -78,23 +81,23 @@ def _ranked_line(v: Verdict, mode: str) -> str:
     names = ", ".join(f"**{md_cell(n)}**" for n in v.tied_with if n != "eager")
     if v.too_few_rounds:
         return (f"- **{device}**: no pick from {v.rounds} round(s): the fastest is **{md_cell(best.backend)}** at "
-                f"{speedup(best)} eager, but with fewer than {T_INTERVAL_MIN_ROUNDS} rounds the intervals come from "
+                f"{speedup(best)} eager, but with fewer than {v.min_rounds} rounds the intervals come from "
                 f"one process's steps and are narrower than the truth. Rerun with `--rounds "
-                f"{T_INTERVAL_MIN_ROUNDS}` or more.")
+                f"{v.min_rounds}` or more.")
     if best is v.eager:
         return (f"- **{device}**: pick **eager**, {best.step_s.median:.4g} s/step: no backend beat it here"
                 + (f" ({names} within its noise)." if names else "."))
     if "eager" in v.tied_with:
         return (f"- **{device}**: no backend is clearly faster than eager: the fastest, **{md_cell(best.backend)}** "
                 f"at {speedup(best)} eager, has a {CONFIDENCE:.0%} interval that reaches 1.0"
-                + (f" ({names} within it too)" if names else "") + ". Rerun with more `--rounds` to separate them.")
+                + (f" ({names} within it too)" if names else "") + f". {MORE}")
     if v.below_control:
         return (f"- **{device}**: no backend clears this run's noise floor: the fastest, **{md_cell(best.backend)}** "
                 f"at {speedup(best)} eager, doesn't reach above eager measured against itself"
-                + (f" ({names} tied with it)" if names else "") + ". Rerun with more `--rounds` to separate them.")
+                + (f" ({names} tied with it)" if names else "") + f". {MORE}")
     if v.tied_with:
         return (f"- **{device}**: a tie: **{md_cell(best.backend)}** at {speedup(best)} eager, and {names}, which it "
-                f"doesn't beat at {CONFIDENCE:.0%} round by round. Rerun with more `--rounds` to separate them.")
+                f"doesn't beat at {CONFIDENCE:.0%} round by round. {MORE}")
     text = f"- **{device}**: pick **{md_cell(best.backend)}**, {best.step_s.median:.4g} s/step, {speedup(best)} eager"
     if best.break_even_steps == 0:
         text += ", with no extra up-front cost"
@@ -107,14 +110,38 @@ def _ranked_line(v: Verdict, mode: str) -> str:
     return text + "."
 
 
-def rounds_line(device: str, log: list[RoundInfo]) -> Optional[str]:
-    """How many rounds, and how far the drift sentinel moved over them."""
+def paired(report: RunReport) -> bool:
+    """Whether the run measured its speedups in warm interleaved pairs."""
+    return any(r.round_eager_samples for r in report.results)
+
+
+#: What a verdict that can't separate its rows suggests.
+MORE = "A larger `--budget` (or more `--rounds`) narrows the intervals."
+
+
+def rounds_line(device: str, log: list[RoundInfo], rows: Sequence[CellResult] = (),
+                config: Optional[RunConfig] = None) -> Optional[str]:
+    """How many rounds, how the speedups were measured in them, which rows reached the target,
+    and how far the drift sentinel moved over them."""
     if len(log) < 2:
         return None
-    text = (f"Rounds ({md_cell(device)}): {len(log)}, each backend once per round in a fresh shuffled order; "
-            f"speedup = geometric mean over rounds of each round's ratio to eager, with its {CONFIDENCE:.0%} interval "
-            f"({_interval_method(len(log))}); compile and first step (warm) = the median of later rounds', "
-            "which reuse the cell's compile cache; break-even counts round 1's cold costs.")
+    pairs = [r for r in rows if r.round_eager_samples]
+    if pairs and config is not None:
+        missed = [md_cell(r.backend) for r in pairs if r.target_reached is False]
+        text = (f"Rounds ({md_cell(device)}): {len(log)}; in each, one warm eager process is paired in turn with "
+                "each backend's process (round 1: the cold cells, which also take compile, memory and parity), "
+                "the parent alternating their steps in a random order; speedup = geometric mean of the step "
+                f"pairs' ratios, with its {CONFIDENCE:.0%} interval from a two-level bootstrap (rounds, then step "
+                f"pairs). Rounds after the first {config.rounds} go to the rows whose interval is widest while the "
+                f"budget allows. {len(pairs) - len(missed)} of {len(pairs)} rows reached ±{config.target:g} %"
+                + (f"; not (marked *): {', '.join(missed)}" if missed else "")
+                + ". Compile and first step (warm) = the median of later rounds', which reuse the cell's compile "
+                "cache; break-even counts round 1's cold costs.")
+    else:
+        text = (f"Rounds ({md_cell(device)}): {len(log)}, each backend once per round in a fresh shuffled order; "
+                f"speedup = geometric mean over rounds of each round's ratio to eager, with its {CONFIDENCE:.0%} "
+                f"interval ({_interval_method(len(log))}); compile and first step (warm) = the median of later "
+                "rounds', which reuse the cell's compile cache; break-even counts round 1's cold costs.")
     spread = sentinel_spread([info.sentinel_s for info in log])
     if spread:
         low, high = spread

@@ -31,6 +31,7 @@ from ..processes import die_with_parent
 from ..records import CellOrder, CellRecord, ReferencePlan, Shipped, Status
 from . import torchrun
 from .forkserver import ForkServer
+from .pairs import Listener, Peer, PeerLost
 
 POLL_S = 0.05
 LOG_TAIL_LINES = 15
@@ -180,50 +181,109 @@ class _PhaseReader:
             self._send(self.last)
 
 
+class Child:
+    """One child process (one torchrun job under ``--nproc``), started at construction and
+    supervised by ``wait_ready`` and ``finish`` (``judge``, ``reference`` and ``serve``: see
+    ``CellOrder``).
+
+    A serving child (``serve``) connects to its ``Listener`` once warm: ``wait_ready`` returns its
+    ``Peer`` (None if it ended first), the caller drives it, and ``finish`` tells it to stop and
+    supervises the rest (its parity check). The timeout counts from the start to the peer's
+    ready, and again from ``finish``: a serving cell's steps each have ``timeout_s`` of their own.
+    """
+
+    def __init__(self, backend: Any, workload: Any, device: str, config: RunConfig, workdir: str, cache_dir: str,
+                 run_dir: Optional[str], on_phase: PhaseCallback, judge: bool = True,
+                 reference: Optional[ReferencePlan] = None, serve: bool = False):
+        os.makedirs(workdir)
+        self.config, self.workdir = config, workdir
+        self.listener = Listener() if serve else None
+        self.peer: Optional[Peer] = None
+        progress = os.path.join(workdir, "progress")
+        order = CellOrder(sys_path=list(sys.path), backend=Shipped.of("backend", backend),
+                          workload=Shipped.of("workload", workload), config=config, device=device,
+                          result_path=os.path.join(workdir, "result.json"), cell_dir=workdir, run_dir=run_dir,
+                          progress_path=progress, judge=judge, reference=reference,
+                          serve=self.listener.path if self.listener else None)
+        order_path = os.path.join(workdir, "order.pkl")
+        fd = os.open(order_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(order, f)
+        # A FIFO rather than an inherited pipe: torchrun's ranks don't inherit our descriptors.
+        os.mkfifo(progress, 0o600)
+        self._phase_fd = os.open(progress, os.O_RDONLY | os.O_NONBLOCK)
+        self.log_path = Path(workdir) / "child.log"
+        env = child_env(cache_dir, config)
+        if config.distributed:
+            self.proc: Any = _start_torchrun(config, order_path, torchrun.run_id(backend.name, device), env, workdir,
+                                             self.log_path)
+        else:
+            self.proc = _Forked(SERVER, order_path, env, workdir, str(self.log_path))
+        self._phases = _PhaseReader(self._phase_fd, on_phase)
+        self.killed_for: Optional[Status] = None
+        self._closed = False
+
+    def _watch(self, until) -> None:
+        """Supervise until ``until()`` is true or the child ends; on a timeout or over-memory, kill it."""
+        deadline = time.monotonic() + self.config.timeout_s
+        while self.proc.poll() is None and not until():
+            self._phases.poll()
+            if time.monotonic() > deadline:
+                self.killed_for = Status.TIMEOUT
+            elif self.config.max_memory_mb and tree_rss_mb(self.proc.pid) > self.config.max_memory_mb:
+                self.killed_for = Status.OOM
+            if self.killed_for:
+                kill_tree(self.proc)
+                return
+            time.sleep(POLL_S)
+
+    def wait_ready(self) -> Optional[Peer]:
+        """The serving child's peer once it is warm; None if it ended (or was killed) first."""
+        assert self.listener is not None
+        try:
+            self._watch(lambda: self._accept() is not None)
+        except BaseException:
+            self.close()
+            raise
+        return self.peer
+
+    def _accept(self) -> Optional[Peer]:
+        assert self.listener is not None
+        if self.peer is None:
+            try:
+                self.peer = self.listener.accept()
+            except PeerLost:
+                return None
+        return self.peer
+
+    def finish(self) -> Outcome:
+        """Stop serving (if it was), supervise the child to its end, and read its record."""
+        try:
+            if self.peer is not None:
+                self.peer.stop()
+            if not self.killed_for:
+                self._watch(lambda: False)
+        finally:
+            self.close()
+        record, returncode = _read_record(self.workdir, self.proc.returncode)
+        return Outcome(record, returncode, self.killed_for, _log_tail(self.log_path))
+
+    def close(self) -> None:
+        """Kill whatever is left of the child's tree (compile workers, ranks) and free its resources."""
+        if self._closed:
+            return
+        self._closed = True
+        kill_tree(self.proc)
+        os.close(self._phase_fd)
+        if self.listener is not None:
+            self.listener.close()
+
+
 def spawn(backend: Any, workload: Any, device: str, config: RunConfig, workdir: str, cache_dir: str,
           run_dir: Optional[str], on_phase: PhaseCallback, judge: bool = True,
           reference: Optional[ReferencePlan] = None) -> Outcome:
-    """One child process, or one torchrun job under ``--nproc``, from start to end (``judge`` and
-    ``reference``: see ``CellOrder``)."""
-    os.makedirs(workdir)
-    progress = os.path.join(workdir, "progress")
-    order = CellOrder(sys_path=list(sys.path), backend=Shipped.of("backend", backend),
-                      workload=Shipped.of("workload", workload), config=config, device=device,
-                      result_path=os.path.join(workdir, "result.json"), cell_dir=workdir, run_dir=run_dir,
-                      progress_path=progress, judge=judge, reference=reference)
-    order_path = os.path.join(workdir, "order.pkl")
-    fd = os.open(order_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        pickle.dump(order, f)
-    # A FIFO rather than an inherited pipe: torchrun's ranks don't inherit our descriptors.
-    os.mkfifo(progress, 0o600)
-    phase_fd = os.open(progress, os.O_RDONLY | os.O_NONBLOCK)
-    log_path = Path(workdir) / "child.log"
-    env = child_env(cache_dir, config)
-    proc: Any
-    if config.distributed:
-        proc = _start_torchrun(config, order_path, torchrun.run_id(backend.name, device), env, workdir, log_path)
-    else:
-        proc = _Forked(SERVER, order_path, env, workdir, str(log_path))
-    phases = _PhaseReader(phase_fd, on_phase)
-    killed_for: Optional[Status] = None
-    try:
-        deadline = time.monotonic() + config.timeout_s
-        while proc.poll() is None:
-            phases.poll()
-            if time.monotonic() > deadline:
-                killed_for = Status.TIMEOUT
-            elif config.max_memory_mb and tree_rss_mb(proc.pid) > config.max_memory_mb:
-                killed_for = Status.OOM
-            if killed_for:
-                break
-            time.sleep(POLL_S)
-    finally:
-        # Interrupted, killed, or finished: anything left in its tree (compile workers, ranks) goes.
-        kill_tree(proc)
-        os.close(phase_fd)
-    record, returncode = _read_record(workdir, proc.returncode)
-    return Outcome(record, returncode, killed_for, _log_tail(log_path))
+    """One child process, or one torchrun job under ``--nproc``, from start to end."""
+    return Child(backend, workload, device, config, workdir, cache_dir, run_dir, on_phase, judge, reference).finish()
 
 
 #: How a rank's collective fails when a peer is gone: a consequence, never the cause.

@@ -17,6 +17,7 @@ from .figures import (
     memory_ratio,
     one_off_cost,
     one_off_peak,
+    paired_of,
     parity_cost,
     rounds_of,
     typical_step_s,
@@ -25,10 +26,15 @@ from .intervals import (
     BOOTSTRAP_RESAMPLES,
     CONFIDENCE,
     DEFAULT_ALPHA,
+    MIN_PAIRED_ROUNDS,
     NOISE_THRESHOLD,
     T_INTERVAL_MIN_ROUNDS,
+    PairedRounds,
     Rounds,
     StepStats,
+    half_width,
+    paired_ratio,
+    paired_speedup,
     quartiles_overlap,
     round_medians,
     rounds_test,
@@ -38,8 +44,9 @@ from .intervals import (
 )
 from .verdict import CONTROL, Verdict, verdict
 
-__all__ = ["BOOTSTRAP_RESAMPLES", "CONFIDENCE", "CONTROL", "DEFAULT_ALPHA", "KERNEL_SHARE_HINT", "LATENCY_PERCENTILES",
-           "NOISE_THRESHOLD", "T_INTERVAL_MIN_ROUNDS", "ParityCost", "Rounds", "StepStats", "Verdict", "derive",
-           "kernel_share", "kernel_share_hint", "measured_precision", "memory_ratio", "one_off_cost", "one_off_peak",
-           "parity_cost", "quartiles_overlap", "round_medians", "rounds_of", "rounds_test", "sentinel_spread", "slowest",
-           "speedup_interval", "typical_step_s", "verdict"]
+__all__ = ["BOOTSTRAP_RESAMPLES", "CONFIDENCE", "CONTROL", "DEFAULT_ALPHA", "KERNEL_SHARE_HINT",
+           "LATENCY_PERCENTILES", "MIN_PAIRED_ROUNDS", "NOISE_THRESHOLD", "PairedRounds", "ParityCost", "Rounds",
+           "StepStats", "T_INTERVAL_MIN_ROUNDS", "Verdict", "derive", "half_width", "kernel_share",
+           "kernel_share_hint", "measured_precision", "memory_ratio", "one_off_cost", "one_off_peak", "paired_of",
+           "paired_ratio", "paired_speedup", "parity_cost", "quartiles_overlap", "round_medians", "rounds_of",
+           "rounds_test", "sentinel_spread", "slowest", "speedup_interval", "typical_step_s", "verdict"]

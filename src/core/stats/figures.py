@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..records import Status
-from .intervals import Rounds, round_medians, speedup_interval
+from .intervals import PairedRounds, Rounds, half_width, paired_speedup, round_medians, speedup_interval
 
 if TYPE_CHECKING:  # rows are read and filled here; results.py calls derive, never the reverse at run time
     from ..results import CellResult
@@ -77,6 +77,23 @@ def rounds_of(r: "CellResult") -> Rounds:
     return (tuple(r.step_s.samples),) if r.step_s else ()
 
 
+def paired_of(r: "CellResult") -> Optional[PairedRounds]:
+    """A row's warm pairs with eager, round by round (``PairedRounds``); None for a row measured
+    without them (eager's own, ``--nproc``, reports from before warm pairs)."""
+    if not r.round_eager_samples:
+        return None
+    return tuple((tuple(e), b) for e, b in zip(r.round_eager_samples, rounds_of(r)))
+
+
+def speedup_of(eager: "CellResult", r: "CellResult") -> tuple[float, float, float]:
+    """``(speedup, low, high)`` of ``r`` over eager: from its warm pairs where it has them, else
+    from the rounds' medians (``intervals``). ValueError when nothing pairs them."""
+    paired = paired_of(r)
+    if paired is not None:
+        return paired_speedup(paired)
+    return speedup_interval(rounds_of(eager), rounds_of(r))
+
+
 def measured_precision(r: "CellResult") -> Optional[str]:
     """What the row computed in, as its parity check measured it (None where it wasn't judged)."""
     return r.parity.precision if r.parity is not None else None
@@ -86,14 +103,18 @@ def measured_precision(r: "CellResult") -> Optional[str]:
 LATENCY_PERCENTILES = (50, 90, 99)
 
 
-def derive(results: Sequence["CellResult"], units_per_step: int, latency: bool = False) -> None:
+def derive(results: Sequence["CellResult"], units_per_step: int, latency: bool = False,
+           target_pct: Optional[float] = None) -> None:
     """Fill the derived figures: throughput (``units_per_step``: the batch in the workload's
     throughput unit, per rank under DDP, over the median step), achieved GFLOP/s and % of peak, and the comparison
     with eager on the same device (speedup, break-even, memory ratio), and DDP's scaling.
     ``latency`` (inference): each row's batch-latency percentiles (``LATENCY_PERCENTILES``).
+    ``target_pct``: a paired row's ``target_reached`` says whether its interval's half-width is
+    within it.
 
-    speedup_vs_eager = eager median / backend median (>1 is faster), per round and
-    then the geometric mean over rounds (``intervals.speedup_interval``, with ``speedup_ci``),
+    speedup_vs_eager = eager's step / the backend's (>1 is faster): over the warm pairs
+    (``intervals.paired_speedup``), else per round and the geometric mean over rounds
+    (``intervals.speedup_interval``), with ``speedup_ci``,
     for ``ok`` cells only: a wrong or failed backend has no speedup worth quoting.
     break_even_steps = training steps until the backend's extra one-off cost
     (``one_off_cost``: compile, first step and warm-up beyond steady steps, minus
@@ -102,7 +123,7 @@ def derive(results: Sequence["CellResult"], units_per_step: int, latency: bool =
     """
     eager = {r.device: r for r in results if r.backend == "eager" and r.status == Status.OK and r.step_s}
     for r in results:
-        r.images_per_s = r.speedup_vs_eager = r.speedup_ci = r.break_even_steps = None
+        r.images_per_s = r.speedup_vs_eager = r.speedup_ci = r.break_even_steps = r.target_reached = None
         r.warm_compile_s = _median_later(r.round_compile_s)
         r.warm_first_step_s = _median_later(r.round_first_step_s)
         r.achieved_gflops = r.pct_of_peak = r.memory_ratio_vs_eager = None
@@ -128,10 +149,12 @@ def derive(results: Sequence["CellResult"], units_per_step: int, latency: bool =
             r.speedup_vs_eager, r.speedup_ci = 1.0, [1.0, 1.0]
         else:
             try:
-                speedup, low, high = speedup_interval(rounds_of(base), rounds_of(r))
+                speedup, low, high = speedup_of(base, r)
             except ValueError:  # no round in which both measured
                 continue
             r.speedup_vs_eager, r.speedup_ci = speedup, [low, high]
+            if target_pct is not None and paired_of(r) is not None:
+                r.target_reached = half_width(speedup, low, high) <= target_pct / 100
         # The saving per step from the speedup (over rounds), so that break-even
         # agrees with the speedup column: a row the rounds call slower has none.
         if r is not base and r.speedup_vs_eager > 1:

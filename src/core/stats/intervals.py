@@ -22,12 +22,18 @@ DEFAULT_ALPHA = 0.05
 #: many bootstrap resamples (seeded: the same samples give the same interval every time).
 CONFIDENCE = 0.95
 BOOTSTRAP_RESAMPLES = 2000
-#: From this many rounds (independent processes) an interval is Student's t over the rounds; below,
-#: a bootstrap over one process's steps, narrower than the truth, and no verdict picks from it.
+#: Unpaired rounds (``--nproc``, reports from before warm pairs): from this many an interval is
+#: Student's t over the rounds; below, a bootstrap over one process's steps, narrower than the truth.
 T_INTERVAL_MIN_ROUNDS = 3
+#: Warm pairs: from this many process pairs the interval has both levels (``paired_speedup``); with
+#: one, only the steps inside one pair vary, narrower than the truth, and no verdict picks from it.
+MIN_PAIRED_ROUNDS = 2
 
 #: Step seconds, round by round: one tuple per round (an empty one for a round that failed).
 Rounds = tuple[tuple[float, ...], ...]
+#: Warm pairs, round by round: ``(eager's steps, the backend's steps)``, step pair ``i`` being the
+#: ``i``-th of each; an empty round where the row didn't run (or failed) in that round.
+PairedRounds = tuple[tuple[tuple[float, ...], tuple[float, ...]], ...]
 
 
 @dataclass
@@ -137,6 +143,68 @@ def speedup_interval(base: Rounds, other: Rounds) -> tuple[float, float, float]:
         else:
             low = high = speedup
     return speedup, min(low, speedup), max(high, speedup)
+
+
+def _round_logs(rounds: PairedRounds) -> dict[int, np.ndarray]:
+    """Each round's step-pair log ratios ``log(eager / backend)``, by round number."""
+    return {k: np.log(np.asarray(e) / np.asarray(b)) for k, (e, b) in enumerate(rounds) if len(e) and len(e) == len(b)}
+
+
+def _hierarchical(logs: list[list[np.ndarray]]) -> tuple[float, float, float]:
+    """``(estimate, low, high)`` of the mean over rounds of ``sum(sign * mean(round's logs))``, the
+    rounds' sides given as ``logs[round] = [plus, minus?]``, with a two-level bootstrap (seeded):
+    the rounds drawn with replacement, then each drawn round's step pairs with replacement,
+    percentile 95 %. Both levels vary, as they do between runs: processes have speeds of their
+    own, and steps inside a process scatter around it."""
+    rng = np.random.default_rng(0)
+    n = BOOTSTRAP_RESAMPLES
+    signs = (1.0, -1.0)
+    estimate = float(np.mean([sum(s * side.mean() for s, side in zip(signs, sides)) for sides in logs]))
+    # within[r, j]: round r's statistic in within-round resample j.
+    within = np.zeros((len(logs), n))
+    for r, sides in enumerate(logs):
+        for sign, side in zip(signs, sides):
+            within[r] += sign * side[rng.integers(len(side), size=(n, len(side)))].mean(axis=1)
+    chosen = rng.integers(len(logs), size=(n, len(logs)))
+    draws = within[chosen, rng.integers(n, size=(n, len(logs)))].mean(axis=1)
+    low, high = np.quantile(draws, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
+    return estimate, min(float(low), estimate), max(float(high), estimate)
+
+
+@functools.lru_cache(maxsize=4096)
+def paired_speedup(rounds: PairedRounds) -> tuple[float, float, float]:
+    """``(speedup, low, high)`` of a backend over eager from warm interleaved pairs (> 1: faster).
+
+    Each step pair gives ``eager / backend``; a round's figure is the geometric mean of its
+    pairs, the speedup the geometric mean over rounds, with a 95 % interval from a two-level
+    bootstrap (rounds, then step pairs inside them). With one round only the steps vary:
+    narrower than the truth (``MIN_PAIRED_ROUNDS``). Cached: a report is derived again
+    whenever a row joins."""
+    logs = _round_logs(rounds)
+    if not logs:
+        raise ValueError("no step pair measured")
+    estimate, low, high = _hierarchical([[v] for v in logs.values()])
+    return float(np.exp(estimate)), float(np.exp(low)), float(np.exp(high))
+
+
+@functools.lru_cache(maxsize=4096)
+def paired_ratio(faster: PairedRounds, slower: PairedRounds) -> tuple[float, float, float]:
+    """``(ratio, low, high)``: ``faster``'s speedup over ``slower``'s, from the rounds both ran.
+
+    In a round both were paired with the same eager process, so their ratio is the difference
+    of their log speedups in that round; the interval is the same two-level bootstrap over the
+    rounds they share."""
+    a, b = _round_logs(faster), _round_logs(slower)
+    shared = sorted(set(a) & set(b))
+    if not shared:
+        raise ValueError("no round measured both")
+    estimate, low, high = _hierarchical([[a[k], b[k]] for k in shared])
+    return float(np.exp(estimate)), float(np.exp(low)), float(np.exp(high))
+
+
+def half_width(speedup: float, low: float, high: float) -> float:
+    """An interval's half-width as a fraction of its speedup: the larger side's."""
+    return max(high / speedup - 1.0, 1.0 - low / speedup)
 
 
 def rounds_test(base: Rounds, new: Rounds) -> Optional[float]:

@@ -1,6 +1,7 @@
 """Which backend to pick on one device, and how far to trust it (``verdict``).
 
-The rules, each a 95 % statement about the rows' step times (``intervals.speedup_interval``):
+The rules, each a 95 % statement about the rows' step times (``intervals.paired_speedup`` over
+warm pairs; ``intervals.speedup_interval`` over unpaired rounds):
 
 - rows are ranked among those computing at the baseline's precision (eager's, as measured); the
   fastest row at another precision is named apart, never ranked over them;
@@ -8,10 +9,12 @@ The rules, each a 95 % statement about the rows' step times (``intervals.speedup
   - its interval against eager clears 1,
   - its interval clears the noise floor: eager measured again like any backend (the
     ``eager-control`` row, an A/A comparison), whose interval's upper end it must exceed,
-  - its paired interval against every other contender (best over contender, round by round)
-    clears 1; the contenders it doesn't clear are **tied** with it,
-  - and the run has ``T_INTERVAL_MIN_ROUNDS`` rounds: with fewer, the intervals are over one
-    process's steps, narrower than the truth, and nothing is picked.
+  - its paired interval against every other contender (best over contender, round by round:
+    in a round both were paired with the same eager process) clears 1; the contenders it
+    doesn't clear are **tied** with it,
+  - and the run has ``MIN_PAIRED_ROUNDS`` rounds of warm pairs (``T_INTERVAL_MIN_ROUNDS`` of
+    unpaired rounds): with fewer, the intervals are over one process's steps, narrower than the
+    truth, and nothing is picked.
 """
 from __future__ import annotations
 
@@ -19,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..records import Status
-from .figures import measured_precision, rounds_of
-from .intervals import T_INTERVAL_MIN_ROUNDS, quartiles_overlap, speedup_interval
+from .figures import measured_precision, paired_of, rounds_of
+from .intervals import MIN_PAIRED_ROUNDS, T_INTERVAL_MIN_ROUNDS, paired_ratio, quartiles_overlap, speedup_interval
 
 if TYPE_CHECKING:
     from ..results import CellResult
@@ -53,8 +56,13 @@ class Verdict:
     rounds: int = T_INTERVAL_MIN_ROUNDS
 
     @property
+    def min_rounds(self) -> int:
+        """The rounds a pick needs: fewer with warm pairs, whose rounds are paired processes."""
+        return MIN_PAIRED_ROUNDS if self.best is not None and paired_of(self.best) is not None else T_INTERVAL_MIN_ROUNDS
+
+    @property
     def too_few_rounds(self) -> bool:
-        return self.rounds < T_INTERVAL_MIN_ROUNDS
+        return self.rounds < self.min_rounds
 
     @property
     def pick(self) -> Optional[str]:
@@ -78,7 +86,14 @@ class Verdict:
 
 def _clears(best: "CellResult", contender: "CellResult") -> bool:
     """Whether ``best`` is faster than ``contender`` at 95 %, round by round."""
+    mine, theirs = paired_of(best), paired_of(contender)
     try:
+        if mine is not None and theirs is not None:
+            return paired_ratio(mine, theirs)[1] > 1.0
+        if mine is not None and contender.backend == "eager":  # the best's own interval over eager
+            return best.speedup_ci is not None and best.speedup_ci[0] > 1.0
+        if theirs is not None and best.backend == "eager":
+            return contender.speedup_ci is not None and contender.speedup_ci[1] < 1.0
         return speedup_interval(rounds_of(contender), rounds_of(best))[1] > 1.0
     except ValueError:  # no round measured both: nothing says it is faster
         return False

@@ -1,0 +1,117 @@
+"""Warm interleaved pairs, the parent's side: a backend's serving cell and an eager one, alternated.
+
+Why: on a shared machine a process's speed drifts from minute to minute and differs from one
+process to the next. Two cells measured minutes apart carry that drift into their ratio; two
+warm processes alive side by side, asked for one step each in turn (the order inside each pair
+drawn at random), see the same minute. Each pair of steps gives a ratio; the speedup's interval
+then has two levels, process pairs and the step pairs inside them (``stats.paired_speedup``).
+
+A serving cell (``cell/serve.py``) connects to a ``Listener`` once it is warm; the parent holds a
+``Peer`` per cell and ``interleave`` drives two of them. Only one process steps at a time: the
+other waits blocked on its socket, so the two never compete for the cores.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import select
+import shutil
+import socket
+import tempfile
+import time
+from typing import Optional
+
+
+class PeerLost(RuntimeError):
+    """A serving cell closed its socket or stopped answering (its record says why)."""
+
+
+class Listener:
+    """A Unix socket one serving cell connects to. Its directory is private to this run (0700):
+    only this user's processes can connect, and a Unix socket's path must stay short (about 100
+    bytes), so it is made directly under the temporary directory, not in the cell's."""
+
+    def __init__(self) -> None:
+        where = tempfile.gettempdir()
+        self.dir = tempfile.mkdtemp(prefix="cnc-", dir=where if len(where) < 60 else "/tmp")
+        self.path = os.path.join(self.dir, "s")
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.bind(self.path)
+        self._sock.listen(1)
+        self._sock.setblocking(False)
+
+    def accept(self) -> Optional["Peer"]:
+        """The cell that connected and said it is ready, or None while none has."""
+        if not select.select([self._sock], [], [], 0)[0]:
+            return None
+        conn, _ = self._sock.accept()
+        conn.setblocking(True)
+        peer = Peer(conn)
+        peer.ready = peer.read(timeout_s=60.0)["ready"]
+        return peer
+
+    def close(self) -> None:
+        self._sock.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Peer:
+    """The parent's end of one serving cell."""
+
+    def __init__(self, conn: socket.socket):
+        self._conn, self._buffer, self.ready = conn, b"", 0
+        self.lost = False
+        #: Steps served so far.
+        self.served = 0
+
+    def read(self, timeout_s: float) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self._conn], [], [], left)[0]:
+                raise PeerLost(f"no answer within {timeout_s:g} s")
+            chunk = self._conn.recv(65536)
+            if not chunk:
+                raise PeerLost("the cell ended")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def _send(self, message: dict) -> None:
+        try:
+            self._conn.sendall((json.dumps(message) + "\n").encode())
+        except OSError as exc:
+            raise PeerLost(f"the cell ended ({exc})") from None
+
+    def steps(self, n: int, timeout_s: float) -> list[float]:
+        """The seconds of the cell's next ``n`` steps, each timed in the cell."""
+        try:
+            self._send({"steps": n})
+            samples = [float(s) for s in self.read(timeout_s)["samples"]]
+            self.served += len(samples)
+            return samples
+        except PeerLost:
+            self.lost = True
+            raise
+
+    def stop(self) -> None:
+        """Tell the cell to stop serving (it goes on to its parity check, then ends)."""
+        if not self.lost:
+            try:
+                self._send({"stop": True})
+            except PeerLost:
+                pass
+        self._conn.close()
+
+
+def interleave(backend: Peer, eager: Peer, pairs: int, rng: random.Random,
+               timeout_s: float) -> tuple[list[float], list[float]]:
+    """``pairs`` step pairs, one step of each peer per pair in a random order: the backend's
+    seconds and eager's, pair by pair (pair ``i`` is ``(backend[i], eager[i])``)."""
+    mine: list[float] = []
+    theirs: list[float] = []
+    for _ in range(pairs):
+        for peer in ((backend, eager) if rng.random() < 0.5 else (eager, backend)):
+            (mine if peer is backend else theirs).extend(peer.steps(1, timeout_s))
+    return mine, theirs

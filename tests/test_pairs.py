@@ -1,0 +1,125 @@
+"""Warm interleaved pairs: the statistics over them, the verdict from them, and the line protocol
+between the parent and a serving cell (``run/pairs.py``, ``cell/serve.py``)."""
+import random
+import threading
+
+import pytest
+
+from cnncompare.core import stats
+from cnncompare.core.records import Status
+from cnncompare.core.results import CellResult
+from cnncompare.core.run.pairs import Listener, PeerLost, interleave
+
+
+def _paired(name, rounds):
+    """A row from ``[(eager steps, its steps), ...]`` per round ([] for a round it sat out)."""
+    row = CellResult(backend=name, device="cpu", status=Status.OK,
+                     step_s=stats.StepStats.from_samples([s for _, b in rounds for s in b]))
+    row.round_samples = [list(b) for _, b in rounds]
+    row.round_eager_samples = [list(e) for e, _ in rounds]
+    row.rounds = [sorted(b)[len(b) // 2] if b else None for _, b in rounds]
+    return row
+
+
+def _rounds(rng, ratio, n_rounds=4, pairs=8, within=0.08, between=0.0):
+    out = []
+    for _ in range(n_rounds):
+        shift = rng.gauss(0, between)
+        out.append(([rng.lognormvariate(0, within) for _ in range(pairs)],
+                    [rng.lognormvariate(shift, within) / ratio for _ in range(pairs)]))
+    return out
+
+
+def test_the_speedup_is_the_geometric_mean_of_step_pair_ratios_with_a_two_level_interval():
+    rounds = (((1.0, 1.0), (0.5, 0.5)), ((2.0, 2.0), (1.0, 1.0)))  # round 2 on a machine twice as slow
+    assert stats.paired_speedup(rounds) == pytest.approx((2.0, 2.0, 2.0))
+    rng = random.Random(0)
+    noisy = tuple((tuple(e), tuple(b)) for e, b in _rounds(rng, 1.5))
+    speedup, low, high = stats.paired_speedup(noisy)
+    assert low < speedup < high and low < 1.5 < high
+    assert stats.paired_speedup(noisy) == (speedup, low, high)  # seeded
+    # The rounds' own speeds widen it: the same steps with a spread between rounds give a wider interval.
+    rng = random.Random(0)
+    apart = tuple((tuple(e), tuple(b)) for e, b in _rounds(rng, 1.5, between=0.1))
+    _, low2, high2 = stats.paired_speedup(apart)
+    assert high2 / low2 > high / low
+    assert stats.half_width(2.0, 1.9, 2.2) == pytest.approx(0.1)
+
+
+def test_an_empty_or_unequal_round_pairs_with_nothing():
+    rounds = (((1.0,), (0.5,)), ((), ()), ((1.0, 2.0), (0.5,)), ((1.0,), (0.5,)))
+    assert stats.paired_speedup(rounds) == pytest.approx((2.0, 2.0, 2.0))
+    with pytest.raises(ValueError):
+        stats.paired_speedup(((), ()),)
+
+
+def test_the_best_over_a_contender_is_judged_in_the_rounds_both_ran():
+    rng = random.Random(1)
+    fast, close, slow = (_paired(n, _rounds(rng, r, n_rounds=5, pairs=10, within=0.03))
+                         for n, r in (("fast", 1.5), ("close", 1.49), ("slow", 1.2)))
+    eager = _paired("eager", [(b, b) for _, b in _rounds(rng, 1.0, n_rounds=5)])
+    eager.round_eager_samples = None  # eager's own row has no pairs
+    rows = [eager, fast, close, slow]
+    stats.derive(rows, units_per_step=1, target_pct=3.0)
+    assert fast.target_reached is True or fast.target_reached is False
+    v = stats.verdict("cpu", rows, rounds=5)
+    assert v.best in (fast, close) and "slow" not in v.tied_with
+    assert {v.best.backend, *v.tied_with} >= {"fast", "close"}  # 1 % apart: a tie, not a pick
+
+
+def test_one_round_of_pairs_picks_nothing_and_two_may():
+    rng = random.Random(2)
+    eager = _paired("eager", [([1.0] * 5, [1.0] * 5)] * 2)
+    eager.round_eager_samples = None
+    fast = _paired("fast", _rounds(rng, 2.0, n_rounds=2, within=0.02))
+    stats.derive([eager, fast], units_per_step=1, target_pct=3.0)
+    assert stats.verdict("cpu", [eager, fast], rounds=2).pick == "fast"
+    assert stats.verdict("cpu", [eager, fast], rounds=1).pick is None
+
+
+def _serve(listener_path, replies, stop_after=None):
+    """A stand-in serving cell: answers each steps command with ``replies(n)``."""
+    import json
+    import socket
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(listener_path)
+    stream = sock.makefile("rwb", buffering=0)
+    stream.write(b'{"ready": 1}\n')
+    served = 0
+    for line in stream:
+        command = json.loads(line)
+        if "steps" not in command or (stop_after is not None and served >= stop_after):
+            break
+        served += command["steps"]
+        stream.write((json.dumps({"samples": replies(command["steps"])}) + "\n").encode())
+    sock.close()
+
+
+def _peer(replies, stop_after=None):
+    listener = Listener()
+    thread = threading.Thread(target=_serve, args=(listener.path, replies, stop_after), daemon=True)
+    thread.start()
+    peer = None
+    while peer is None:
+        peer = listener.accept()
+    return listener, peer
+
+
+def test_interleave_alternates_one_step_each_in_a_random_order_and_a_lost_peer_says_so():
+    order = []
+    a_listener, a = _peer(lambda n: order.append("a") or [0.5] * n)
+    b_listener, b = _peer(lambda n: order.append("b") or [1.0] * n)
+    mine, theirs = interleave(a, b, 6, random.Random(0), timeout_s=10)
+    assert mine == [0.5] * 6 and theirs == [1.0] * 6
+    assert all(sorted(order[i:i + 2]) == ["a", "b"] for i in range(0, 12, 2))  # one of each per pair
+    assert order[::2] != ["a"] * 6 and order[::2] != ["b"] * 6  # the order inside a pair is drawn
+    a.stop()
+    b.stop()
+    c_listener, c = _peer(lambda n: [0.1] * n, stop_after=2)
+    with pytest.raises(PeerLost):
+        for _ in range(3):
+            c.steps(1, timeout_s=10)
+    assert c.lost
+    for listener in (a_listener, b_listener, c_listener):
+        listener.close()
