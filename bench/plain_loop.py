@@ -1,6 +1,9 @@
 """A user's own training loop of the seed CNN, served step by step: what the cell must match.
 
-    python bench/plain_loop.py SOCKET BATCH IMAGE_SIZE THREADS SEED
+    python bench/plain_loop.py SOCKET BATCH IMAGE_SIZE THREADS SEED [preload]
+
+``preload``: import what cnncompare's fork server imports before any cell (torch._dynamo,
+inductor's compiler) first, as a script that uses ``torch.compile`` somewhere would.
 
 Nothing of cnncompare's step, data or timing: the model (the seed CNN's definition), Adam,
 ``zero_grad``, forward, NLL loss, backward, ``step``, and a new batch every step, made
@@ -11,6 +14,7 @@ before the clock starts, as a data loader hands one over. Each step is timed wit
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import socket
@@ -23,7 +27,10 @@ import torch.nn.functional as F
 from cnncompare.workloads.seed_cnn import SeedCNN
 
 
-def main(path: str, batch: int, image_size: int, threads: int, seed: int) -> None:
+def main(path: str, batch: int, image_size: int, threads: int, seed: int, preload: bool = False) -> None:
+    if preload:
+        for name in ("torch._dynamo", "torch._inductor.compile_fx"):
+            importlib.import_module(name)
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     model = SeedCNN(image_size)
@@ -55,4 +62,4 @@ def main(path: str, batch: int, image_size: int, threads: int, seed: int) -> Non
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], *(int(a) for a in sys.argv[2:6]))
+    main(sys.argv[1], *(int(a) for a in sys.argv[2:6]), preload=sys.argv[6:7] == ["preload"])

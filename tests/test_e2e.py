@@ -204,3 +204,28 @@ def test_rounds_pair_each_backend_with_a_warm_eager_reuse_the_cache_and_give_an_
     run_cells(plan_cells(config, [DeviceSlot("cpu")]), config, load_registry(entry_points=False), again,
               on_result=lambda rep: ran.append(rep))
     assert ran == [] and len(again.round_log["cpu"]) == 2
+
+
+def test_rounds_beyond_the_minimum_go_to_wide_intervals_while_the_budget_lasts():
+    """--rounds 2, then more rounds for the rows wider than --target, within --budget: every row
+    keeps one entry per round (None for a round it sat out), and the run ends near the budget."""
+    import time
+
+    from _tiny import TINY
+    from cnncompare.core.config import RunConfig
+
+    config = RunConfig(backends=("eager", "eager-fused", "eager-control"), devices=("cpu",),
+                       **{**TINY, "rounds": 2, "steps": 3, "target": 0.001, "budget_s": 25.0})
+    report = RunReport(environment={}, config=config)
+    start = time.monotonic()
+    run_cells(plan_cells(config, [DeviceSlot("cpu")]), config, load_registry(entry_points=False), report,
+              on_result=lambda rep: None)
+    rounds = len(report.round_log["cpu"])
+    assert rounds > 2 and time.monotonic() - start < 25.0 + 30.0  # the last round may run past the budget a little
+    for r in report.results:
+        assert r.status is Status.OK and len(r.rounds) == rounds and len(r.round_samples) == rounds
+        if r.backend != "eager":
+            assert len(r.round_eager_samples) == rounds and r.target_reached is False
+            ran = [k for k, s in enumerate(r.round_samples) if s]
+            assert all(len(r.round_eager_samples[k]) == len(r.round_samples[k]) == 3 for k in ran)
+    assert all(info.order for info in report.round_log["cpu"][2:])  # who ran each extra round is logged

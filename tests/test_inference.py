@@ -77,7 +77,7 @@ def test_inference_only_backend_is_skipped_in_training_with_the_reason(tiny_conf
 
 
 def test_steps_default_per_mode_and_ddp_is_refused_in_inference():
-    assert RunConfig().steps == 5 and RunConfig(mode="inference").steps == 20
+    assert RunConfig().steps == 4 and RunConfig(mode="inference").steps == 20
     assert RunConfig(mode="inference", steps=3).steps == 3
     with pytest.raises(ConfigError, match="--nproc: DistributedDataParallel is a training technique"):
         RunConfig(mode="inference", nproc=2)

@@ -30,7 +30,7 @@ def _rounds(rng, ratio, n_rounds=4, pairs=8, within=0.08, between=0.0):
     return out
 
 
-def test_the_speedup_is_the_geometric_mean_of_step_pair_ratios_with_a_two_level_interval():
+def test_the_speedup_is_the_geometric_mean_of_step_pair_ratios_with_an_interval_over_rounds():
     rounds = (((1.0, 1.0), (0.5, 0.5)), ((2.0, 2.0), (1.0, 1.0)))  # round 2 on a machine twice as slow
     assert stats.paired_speedup(rounds) == pytest.approx((2.0, 2.0, 2.0))
     rng = random.Random(0)
@@ -44,6 +44,14 @@ def test_the_speedup_is_the_geometric_mean_of_step_pair_ratios_with_a_two_level_
     _, low2, high2 = stats.paired_speedup(apart)
     assert high2 / low2 > high / low
     assert stats.half_width(2.0, 1.9, 2.2) == pytest.approx(0.1)
+    # Two rounds whose means agree by chance still carry their steps' scatter: no zero-width interval.
+    lucky = (((1.0, 1.2, 0.8), (0.5, 0.5, 0.5)), ((1.2, 0.8, 1.0), (0.5, 0.5, 0.5)))
+    speedup, low, high = stats.paired_speedup(lucky)
+    assert low < speedup < high and high / low > 1.5  # t with 1 degree of freedom is 12.7
+    # A third round narrows it most (t falls from 12.7 to 4.3).
+    third = lucky + (((1.0, 1.0, 1.0), (0.5, 0.5, 0.5)),)
+    _, low3, high3 = stats.paired_speedup(third)
+    assert high3 / low3 < high / low
 
 
 def test_an_empty_or_unequal_round_pairs_with_nothing():

@@ -118,7 +118,7 @@ class DistributedFigures:
 
     Three groups, each written in one place: the job's shape and the ranks'
     own figures by the reporting rank (``cell/rank.py: combine``); the
-    same backend in one process by the parent (``run/orchestrate.py``);
+    same backend in one process by the parent (``run/cell.py``);
     throughput and scaling efficiency by ``stats.derive``.
     """
 

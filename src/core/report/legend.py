@@ -1,7 +1,7 @@
 """The report's "How to read this": what every column and figure means, worded per mode
 (a training step or a forward). Text only; ``how_to_read(mode)`` is the whole legend.
 
-Its figures (the 95 % interval, the 3 rounds of Student's t, parity's 5 × and 1 %) restate
+Its figures (the 95 % interval, parity's 5 × and 1 %) restate
 ``stats`` and ``cell.parity``: change them there and here together.
 """
 
@@ -34,13 +34,16 @@ def how_to_read(mode: str) -> str:
 
 HOW_TO_READ = """\
 - **step median / IQR**: seconds per step, {step},
-  over the measured steps after warm-up; IQR = third minus first quartile. CPU steps are timed with
-  `perf_counter`, CUDA steps with events, so no queued GPU work escapes the timed region.
-- **speedup vs eager**: eager's median ÷ this backend's median on the same device; >1 is faster.
-  Only `ok` rows get one. With `--rounds`, each round's ratio of medians, then the median over
-  rounds, with its 95 % interval in brackets (Student's t over the rounds' log ratios from 3
-  rounds; below that a bootstrap over rounds and steps). The summary
-  names a pick only when its interval clears every other row's (eager's is 1.0); else a tie.
+  over the measured steps after warm-up, every round's; IQR = third minus first quartile. CPU
+  steps are timed with `perf_counter`, CUDA steps with events, so no queued GPU work escapes the
+  timed region. Rows' medians come from different minutes: compare rows by the speedup.
+- **speedup vs eager**: eager's step ÷ this backend's on the same device; >1 is faster. Only
+  `ok` rows get one. Measured in warm pairs: each step of the backend's process alternates with
+  one of an eager process alive beside it; the geometric mean of the pairs' ratios, with its
+  95 % interval in brackets (Student's t over the rounds, each a fresh pair of processes); `*`:
+  the interval is wider than the run's `--target`. The summary names a pick only when its
+  interval clears eager, the noise floor (`eager-control`) and every other row round by round;
+  else a tie.
 - **compile**: wall time of the backend's `compile` call. **first step**: the first step,
   which includes lazy compilation (`torch.compile` compiles here, {lazy}). Caches are
   cold: each cell runs in a fresh process with a fresh inductor cache directory; "(warm …)" is

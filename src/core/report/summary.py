@@ -131,10 +131,13 @@ def rounds_line(device: str, log: list[RoundInfo], rows: Sequence[CellResult] = 
         text = (f"Rounds ({md_cell(device)}): {len(log)}; in each, one warm eager process is paired in turn with "
                 "each backend's process (round 1: the cold cells, which also take compile, memory and parity), "
                 "the parent alternating their steps in a random order; speedup = geometric mean of the step "
-                f"pairs' ratios, with its {CONFIDENCE:.0%} interval from a two-level bootstrap (rounds, then step "
-                f"pairs). Rounds after the first {config.rounds} go to the rows whose interval is widest while the "
-                f"budget allows. {len(pairs) - len(missed)} of {len(pairs)} rows reached ±{config.target:g} %"
-                + (f"; not (marked *): {', '.join(missed)}" if missed else "")
+                f"pairs' ratios, each round weighing the same, with its {CONFIDENCE:.0%} interval (Student's t over "
+                "the rounds' means, never narrower than the step pairs' own scatter allows). Rounds after the "
+                f"first {config.rounds} go to the rows wider than the target, fewest rounds first, while the budget "
+                "allows. "
+                + (f"No row reached ±{config.target:g} % (each marked *)" if len(missed) == len(pairs) else
+                   f"{len(pairs) - len(missed)} of {len(pairs)} rows reached ±{config.target:g} %"
+                   + (f"; not (marked *): {', '.join(missed)}" if missed else ""))
                 + ". Compile and first step (warm) = the median of later rounds', which reuse the cell's compile "
                 "cache; break-even counts round 1's cold costs.")
     else:

@@ -25,8 +25,8 @@ BOOTSTRAP_RESAMPLES = 2000
 #: Unpaired rounds (``--nproc``, reports from before warm pairs): from this many an interval is
 #: Student's t over the rounds; below, a bootstrap over one process's steps, narrower than the truth.
 T_INTERVAL_MIN_ROUNDS = 3
-#: Warm pairs: from this many process pairs the interval has both levels (``paired_speedup``); with
-#: one, only the steps inside one pair vary, narrower than the truth, and no verdict picks from it.
+#: Warm pairs: a pick needs this many rounds (process pairs); with one, the interval is a bootstrap
+#: over that round's steps, narrower than the truth.
 MIN_PAIRED_ROUNDS = 2
 
 #: Step seconds, round by round: one tuple per round (an empty one for a round that failed).
@@ -150,25 +150,37 @@ def _round_logs(rounds: PairedRounds) -> dict[int, np.ndarray]:
     return {k: np.log(np.asarray(e) / np.asarray(b)) for k, (e, b) in enumerate(rounds) if len(e) and len(e) == len(b)}
 
 
-def _hierarchical(logs: list[list[np.ndarray]]) -> tuple[float, float, float]:
-    """``(estimate, low, high)`` of the mean over rounds of ``sum(sign * mean(round's logs))``, the
-    rounds' sides given as ``logs[round] = [plus, minus?]``, with a two-level bootstrap (seeded):
-    the rounds drawn with replacement, then each drawn round's step pairs with replacement,
-    percentile 95 %. Both levels vary, as they do between runs: processes have speeds of their
-    own, and steps inside a process scatter around it."""
+def _within(logs: Sequence[np.ndarray]) -> Optional[float]:
+    """The variance of a round's mean log ratio from its own step pairs' scatter (averaged over
+    the rounds with two pairs or more), None without any."""
+    parts = [float(np.var(v, ddof=1)) / len(v) for v in logs if len(v) > 1]
+    return float(np.mean(parts)) if parts else None
+
+
+def _bootstrap_within(logs: np.ndarray) -> tuple[float, float]:
+    """A percentile bootstrap of one round's mean log ratio over its step pairs (seeded)."""
     rng = np.random.default_rng(0)
-    n = BOOTSTRAP_RESAMPLES
-    signs = (1.0, -1.0)
-    estimate = float(np.mean([sum(s * side.mean() for s, side in zip(signs, sides)) for sides in logs]))
-    # within[r, j]: round r's statistic in within-round resample j.
-    within = np.zeros((len(logs), n))
-    for r, sides in enumerate(logs):
-        for sign, side in zip(signs, sides):
-            within[r] += sign * side[rng.integers(len(side), size=(n, len(side)))].mean(axis=1)
-    chosen = rng.integers(len(logs), size=(n, len(logs)))
-    draws = within[chosen, rng.integers(n, size=(n, len(logs)))].mean(axis=1)
+    draws = logs[rng.integers(len(logs), size=(BOOTSTRAP_RESAMPLES, len(logs)))].mean(axis=1)
     low, high = np.quantile(draws, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
-    return estimate, min(float(low), estimate), max(float(high), estimate)
+    return float(low), float(high)
+
+
+def _over_rounds(means: list[float], within: Optional[float],
+                 one_round: Optional[np.ndarray]) -> tuple[float, float, float]:
+    """``(estimate, low, high)`` on the log scale: the mean over rounds, with Student's t over the
+    rounds' means (``rounds - 1`` degrees of freedom). Their variance is never taken below what
+    the step pairs' own scatter gives a round's mean (``within``): two rounds that agree by chance
+    don't make a narrow interval. With one round, a bootstrap over its steps (``one_round``),
+    narrower than the truth."""
+    estimate = float(np.mean(means))
+    if len(means) < 2:
+        if one_round is None or len(one_round) < 2:
+            return estimate, estimate, estimate
+        low, high = _bootstrap_within(one_round)
+        return estimate, min(low, estimate), max(high, estimate)
+    variance = max(float(np.var(means, ddof=1)), within or 0.0)
+    half = float(_scipy.t.ppf((1 + CONFIDENCE) / 2, len(means) - 1)) * math.sqrt(variance / len(means))
+    return estimate, estimate - half, estimate + half
 
 
 @functools.lru_cache(maxsize=4096)
@@ -176,14 +188,16 @@ def paired_speedup(rounds: PairedRounds) -> tuple[float, float, float]:
     """``(speedup, low, high)`` of a backend over eager from warm interleaved pairs (> 1: faster).
 
     Each step pair gives ``eager / backend``; a round's figure is the geometric mean of its
-    pairs, the speedup the geometric mean over rounds, with a 95 % interval from a two-level
-    bootstrap (rounds, then step pairs inside them). With one round only the steps vary:
-    narrower than the truth (``MIN_PAIRED_ROUNDS``). Cached: a report is derived again
-    whenever a row joins."""
+    pairs, the speedup the geometric mean over rounds. Its 95 % interval is Student's t over the
+    rounds (each a fresh pair of processes, the level that repeats independently), so the spread
+    between processes and between the minutes of the run is in it, with the steps' own scatter
+    as its floor. One round gives a bootstrap over its steps, narrower than the truth
+    (``MIN_PAIRED_ROUNDS``). Cached: a report is derived again whenever a row joins."""
     logs = _round_logs(rounds)
     if not logs:
         raise ValueError("no step pair measured")
-    estimate, low, high = _hierarchical([[v] for v in logs.values()])
+    values = list(logs.values())
+    estimate, low, high = _over_rounds([v.mean() for v in values], _within(values), values[0])
     return float(np.exp(estimate)), float(np.exp(low)), float(np.exp(high))
 
 
@@ -192,13 +206,15 @@ def paired_ratio(faster: PairedRounds, slower: PairedRounds) -> tuple[float, flo
     """``(ratio, low, high)``: ``faster``'s speedup over ``slower``'s, from the rounds both ran.
 
     In a round both were paired with the same eager process, so their ratio is the difference
-    of their log speedups in that round; the interval is the same two-level bootstrap over the
-    rounds they share."""
+    of their log speedups in that round (the eager process's own speed cancels); the interval is
+    Student's t over those differences, floored by both rows' step scatter."""
     a, b = _round_logs(faster), _round_logs(slower)
     shared = sorted(set(a) & set(b))
     if not shared:
         raise ValueError("no round measured both")
-    estimate, low, high = _hierarchical([[a[k], b[k]] for k in shared])
+    within_a, within_b = _within([a[k] for k in shared]), _within([b[k] for k in shared])
+    within = None if within_a is None or within_b is None else within_a + within_b
+    estimate, low, high = _over_rounds([a[k].mean() - b[k].mean() for k in shared], within, None)
     return float(np.exp(estimate)), float(np.exp(low)), float(np.exp(high))
 
 

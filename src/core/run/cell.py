@@ -1,0 +1,291 @@
+"""One cell, from the parent's side: start its child (or children), drive its warm pair, and
+turn how it ended into the report's row; the device's parity reference, computed once.
+
+Isolation is the point: a crash, hang or memory blow-up in one backend costs that cell alone,
+and each cell's peak memory is its own. Each cell gets a fresh compile cache directory, so
+compile times are cold (``--compile-cache warm`` runs it twice sharing one). Starting and
+supervising a child is ``launch.py``'s; which cells run, in which rounds, is ``orchestrate.py``'s.
+
+Before a device's first cell, the parity reference every cell on it is judged against is
+computed in a child of its own (``cell/reference.py``), clean of any backend's settings.
+
+With ``--nproc N`` a cell is the torchrun job and then, when it is ``ok``, the backend in one
+process with one rank's threads and batch: the single-process throughput that scaling
+efficiency divides by, measured in the same run.
+"""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Optional
+
+from ...backends import base
+from ..config import RunConfig
+from ..records import CellRecord, ReferencePlan, Status
+from ..results import CellResult
+from . import torchrun
+from .devices import DeviceSlot
+from .launch import Child, Outcome, PhaseCallback, spawn
+from .pairs import Peer, PeerLost, interleave
+from .progress import Progress
+
+
+@dataclass
+class Pairing:
+    """A round's warm eager process, as the cells of the round are paired with it: each serving
+    cell's ``drive`` interleaves ``steps`` step pairs with eager (``pairs.interleave``) and keeps
+    eager's side in ``eager_samples``. Without an eager peer (it failed before it was warm, or
+    was lost) a cell serves ``steps`` steps unpaired, and ``eager_samples`` is None."""
+
+    eager: Optional[Peer]
+    steps: int
+    rng: random.Random
+    timeout_s: float
+    eager_samples: Optional[list[float]] = None
+
+    def drive(self, peer: Peer) -> None:
+        self.eager_samples = None
+        if self.eager is not None and not self.eager.lost:
+            try:
+                _, self.eager_samples = interleave(peer, self.eager, self.steps, self.rng, self.timeout_s)
+                return
+            except PeerLost:
+                self.eager_samples = None
+                if peer.lost:  # the backend's cell ended: its record says why
+                    return
+        try:
+            peer.steps(self.steps, self.timeout_s)
+        except PeerLost:
+            pass
+
+
+def summarize(r: CellResult) -> str:
+    """The one line the progress display prints when a cell ends."""
+    if r.step_s is not None and r.status in (Status.OK, Status.FAIL_ACCURACY):
+        text = (f"{r.status.value}  median {r.step_s.median:.4g} s/step, compile {r.compile_s:.3g} s, "
+                f"first step {r.first_step_s:.3g} s")
+    else:
+        text = r.status.value
+    d = r.distributed
+    if d is not None and d.scaling_efficiency is not None:
+        text += (f", {d.nproc} ranks {d.global_images_per_s:.4g} samples/s, "
+                 f"scaling efficiency {d.scaling_efficiency:.2f}")
+    if r.error:
+        text += f"  ({r.error.splitlines()[0][:160]})"
+    return text + (f"  [{r.wall_s:.0f} s]" if r.wall_s else "")
+
+
+def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunConfig, run_dir: Optional[str] = None,
+             on_phase: PhaseCallback = Progress().phase, workload: Any = None, cache_dir: Optional[str] = None,
+             judge: bool = True, pairing: Optional["Pairing"] = None) -> CellResult:
+    """Measure one cell; never raises for a backend's failure (that is a result).
+
+    ``cache_dir`` is the cell's compile cache (None: a fresh one, so the compile is cold);
+    ``judge`` False measures time and memory only (a later round: no parity, no DDP
+    single-process run). ``pairing``: the cell serves its measured steps, paired with the
+    round's warm eager process (``Pairing``); the row's ``round_eager_samples`` holds eager's side.
+
+    ``workload`` is the config's workload object; None looks it up through the plugins."""
+    if workload is None:
+        from ...plugins import load_registry
+
+        workload = load_registry().workloads[config.workload.name]
+    row = _row_fields(backend, plugin, slot, config)
+    reason = slot.unavailable or unavailable(backend, slot.name, config)
+    if reason:
+        return CellResult(status=Status.SKIPPED, error=reason, **{**row, "compile_cache": None})
+    if run_dir is None:  # a cell on its own: a run directory of its own, with its reference
+        with tempfile.TemporaryDirectory(prefix="cnncompare-run-") as own:
+            reference_s = ensure_reference([backend], workload, slot, config, own) if judge else None
+            result = run_cell(backend, plugin, slot, config, own, on_phase, workload, cache_dir, judge, pairing)
+            if result.parity is not None:
+                result.parity.reference_s = reference_s
+            return result
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="cnncompare-cell-") as cell_dir:
+        outcome, cold = _measure(backend, workload, slot.name, config, cell_dir, run_dir, on_phase,
+                                 cache_dir or os.path.join(cell_dir, "compile-cache"), judge, pairing)
+        result = _result(outcome, config, row)
+        if pairing is not None and result.step_s is not None:
+            paired = pairing.eager_samples
+            result.round_eager_samples = [paired if paired and len(paired) == result.step_s.n else []]
+        if cold is not None and cold.record is not None:
+            result.cold_compile_s, result.cold_first_step_s = cold.record.compile_s, cold.record.first_step_s
+        if config.distributed and judge and result.status == Status.OK and result.distributed is not None:
+            # Scaling efficiency's denominator; a failed DDP cell has no efficiency to compute.
+            alone = config.single_process()
+            single, _ = _measure(backend, workload, slot.name, alone, os.path.join(cell_dir, "single"), run_dir,
+                                 lambda name, done, total: on_phase(f"single-process-{name}", done, total),
+                                 os.path.join(cell_dir, "single-compile-cache"), judge=False)
+            one = _result(single, alone, row)
+            result.distributed = replace(
+                result.distributed, single_process_status=one.status.value,
+                single_process_step_median_s=one.step_s.median if one.status == Status.OK and one.step_s else None,
+                single_process_threads=one.threads, single_process_error=one.error)
+    result.wall_s = time.perf_counter() - start
+    if result.status == Status.FAIL_COMPILE and plugin and result.error:
+        result.error = f"plugin {plugin!r}: {result.error}"
+    return result
+
+
+#: References computed in this process, by what they depend on (``_reference_key``): a
+#: library user (or the test suite) running job after job on the same workload, config and
+#: device computes each once. Their files live in a directory removed when the process exits;
+#: a run's directory links to them.
+_REFERENCES: dict[str, str] = {}
+
+
+def _reference_key(workload: Any, slot: DeviceSlot, config: RunConfig, plan: ReferencePlan) -> str:
+    import json
+
+    job = {k: v for k, v in config.to_dict().items()
+           if k not in ("backends", "devices", "timeout_s", "max_memory_mb", "backend_options", "compile_cache",
+                        "compile_threads", "rounds", "target", "budget_s")}
+    return json.dumps([slot.name, workload.name, job, plan.__dict__], sort_keys=True, default=str)
+
+
+def _process_dir(kind: str) -> str:
+    import atexit
+
+    path = tempfile.mkdtemp(prefix=f"cnncompare-{kind}-")
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
+def reference_plan(backends: list[Any], config: RunConfig) -> ReferencePlan:
+    """What the reference must cover for ``backends`` on one device (``ReferencePlan``)."""
+    from ..cell.parity import parity_step
+
+    judged = [parity_step(base.min_warmup(b)) for b in backends] or [parity_step(0)]
+    steps = max(1 + max(config.warmup, n - 1) + config.steps for n in judged)
+    precisions = tuple(sorted({base.precision(b) for b in backends} - {"fp32"}))
+    shards = (config.nproc or 1) * config.nnodes if config.distributed else 1
+    return ReferencePlan(tuple(sorted(set(judged))), steps, precisions, shards)
+
+
+def ensure_reference(backends: list[Any], workload: Any, slot: DeviceSlot, config: RunConfig,
+                     run_dir: str) -> Optional[float]:
+    """Make the parity reference for ``backends`` on ``slot`` available in ``run_dir``: computed
+    in a child of its own, or linked from this process's earlier computation of the same one.
+    Returns the seconds computing it took, None when it failed (the failure is left in
+    ``run_dir`` for the cells to report as the workload's: ``reference.Meta.load``) or no
+    backend here can run."""
+    from ..cell.reference import Meta, paths
+
+    runnable = [b for b in backends if not (slot.unavailable or unavailable(b, slot.name, config))]
+    if not runnable:
+        return None
+    plan = reference_plan(runnable, config)
+    key = _reference_key(workload, slot, config, plan)
+    if key not in _REFERENCES:
+        _REFERENCES[key] = _compute_reference(runnable[0], workload, slot, config, plan)
+    for cached, linked in zip(paths(_REFERENCES[key], slot.name), paths(run_dir, slot.name)):
+        if os.path.exists(cached) and not os.path.exists(linked):
+            os.symlink(cached, linked)
+    try:
+        return Meta.load(run_dir, slot.name).seconds
+    except Exception:
+        return None
+
+
+def _compute_reference(backend: Any, workload: Any, slot: DeviceSlot, config: RunConfig,
+                       plan: ReferencePlan) -> str:
+    """Compute a reference into a directory of this process's; the directory."""
+    from ..cell.reference import paths
+
+    where = _process_dir("reference")
+    alone = config.single_process() if config.distributed else config
+    workdir = os.path.join(where, "child")
+    outcome = spawn(backend, workload, slot.name, alone, workdir, os.path.join(workdir, "cache"), where,
+                    lambda name, done, total: None, reference=plan)
+    error = paths(where, slot.name)[2]
+    if not outcome.succeeded and not os.path.exists(error):  # crashed or timed out before it could say why
+        from ..fileio import write_atomic
+
+        why = (outcome.record.error if outcome.record and outcome.record.error else
+               f"the parity reference's process ended with code {outcome.returncode}"
+               + (f" ({outcome.killed_for.value})" if outcome.killed_for else ""))
+        write_atomic(error, f"{why}; log: {outcome.log_tail or ''}".strip())
+    shutil.rmtree(workdir, ignore_errors=True)
+    return where
+
+
+def _row_fields(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunConfig) -> dict[str, Any]:
+    """What the parent knows of a row before its child says anything."""
+    return dict(backend=backend.name, device=slot.name, plugin=plugin, description=base.description(backend),
+                compile_cache=config.compile_cache)
+
+
+def unavailable(backend: Any, device: str, config: RunConfig) -> Optional[str]:
+    """Why ``backend`` can't run on ``device`` under ``config`` (its modes, the device, torchrun),
+    or None: such a cell is a ``skipped`` row."""
+    import torch
+
+    reason = base.mode_reason(backend, config.mode) or base.unavailable_reason(backend, torch.device(device))
+    if reason is None and config.distributed:
+        assert config.nproc is not None
+        reason = torchrun.unavailable(device, config.nproc)
+    return reason
+
+
+def _measure(backend: Any, workload: Any, device: str, config: RunConfig, cell_dir: str, run_dir: Optional[str],
+             on_phase: PhaseCallback, cache: str, judge: bool = True,
+             pairing: Optional[Pairing] = None) -> tuple[Outcome, Optional[Outcome]]:
+    """The cell's measuring child(ren) in ``cell_dir`` with the compile cache ``cache``: one run,
+    or with ``--compile-cache warm`` a cold run and then a warm one sharing it. Returns the
+    outcome to report and, in warm mode, the cold one (its compile times go beside it). With
+    ``pairing`` the reported child serves its steps, driven by ``pairing.drive``."""
+
+    def child(name: str, serve: bool) -> Outcome:
+        started = Child(backend, workload, device, config, os.path.join(cell_dir, name), cache, run_dir, on_phase,
+                        judge, serve=serve)
+        try:
+            if serve and (peer := started.wait_ready()) is not None:
+                assert pairing is not None
+                pairing.drive(peer)
+            return started.finish()
+        finally:
+            started.close()
+
+    if config.compile_cache != "warm":
+        return child("run", pairing is not None), None
+    cold = child("cold", False)
+    if not cold.succeeded:
+        return cold, None
+    return child("warm", pairing is not None), cold
+
+
+def _result(outcome: Outcome, config: RunConfig, row: dict) -> CellResult:
+    """The report's row from the child's record (maybe partial) and how the child ended."""
+    record = outcome.record or CellRecord()
+    result = CellResult.from_record(record, **row)
+    finished = outcome.record is not None and outcome.record.complete
+    if outcome.killed_for is Status.TIMEOUT:
+        result.status = Status.TIMEOUT
+        where = "in the parity check, after timing" if outcome.record else "before any figure was taken"
+        result.error = f"timed out after {config.timeout_s:g} s ({where}); the child's process tree was killed"
+        result.error_tail = outcome.log_tail
+    elif outcome.killed_for is Status.OOM:
+        result.status = Status.OOM
+        result.error = f"the cell's processes exceeded --max-memory {config.max_memory_mb} MB RSS and were killed"
+        result.error_tail = outcome.log_tail
+    elif outcome.returncode != 0 or not finished:
+        result.status = Status.CRASHED
+        code = outcome.returncode
+        if code < 0:
+            name = signal.Signals(-code).name
+            hint = " (the kernel's OOM killer sends SIGKILL)" if -code == signal.SIGKILL else ""
+            result.error = f"the child was killed by {name}{hint}"
+        elif config.distributed:  # torchrun's own summary (which rank, which signal) is in the log tail
+            result.error = f"torchrun exited with code {code} without a result: a rank died"
+        else:
+            result.error = f"the child exited with code {code} without a result"
+        if outcome.record:
+            result.error += " during the parity check, after timing"
+        result.error_tail = outcome.log_tail
+    return result
