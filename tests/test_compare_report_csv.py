@@ -20,7 +20,7 @@ from cnncompare.core.results import CellResult, RunReport
 from cnncompare.core.stats import StepStats
 
 ENV = {"date": "d", "cnncompare": "0.1.0", "torch": "2.13.0", "cpu": "CPU A", "threads": 2, "gpus": [], "python": "3.11"}
-CONFIG = RunConfig(batch_size=4, workload=TINY_WORKLOAD, steps=20, warmup=1)
+CONFIG = RunConfig(batch_size=4, workload=TINY_WORKLOAD, steps=20, warmup=1, rounds=3)
 
 
 def _samples(center, n=20, spread=0.02, seed=0):

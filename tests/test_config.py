@@ -31,7 +31,7 @@ def test_invalid_values_are_refused_naming_the_option(field, value, option):
 
 def test_defaults_are_the_seed_study_and_threads_resolve_to_all_cores():
     c = RunConfig()
-    assert (c.batch_size, c.steps, c.warmup, c.rounds, c.workload.name) == (128, 5, 3, 3, "seed-cnn")
+    assert (c.batch_size, c.steps, c.warmup, c.rounds, c.workload.name) == (128, 4, 3, 2, "seed-cnn")
     assert c.resolved_threads == available_cores()
     assert c.to_dict()["threads"] == available_cores()
 

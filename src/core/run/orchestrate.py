@@ -115,9 +115,11 @@ class _Run:
             if k <= config.rounds:
                 due = [n for n in _round_order(names, config, slot.name, k)
                        if _needs_round(self.report, Cell(n, slot), k)]
+                if paired:  # the eager process comes first: the cell, or the process the round pairs with
+                    due.sort(key=lambda n: n != "eager")
             elif paired and config.rounds > 1:  # --rounds 1 is a quick look: one round, no more
                 due = self._wider_than_target(slot, deadline)
-                self.todo += len(due) + (1 if due else 0)
+                self.todo += len(due) + 1  # and eager's round
             else:
                 break
             if not due:
@@ -132,7 +134,13 @@ class _Run:
             if config.rounds > 1 or paired:
                 self.report.round_log.setdefault(slot.name, []).append(
                     RoundInfo(order=due, sentinel_s=sentinel_s(config.resolved_threads)))
-            if paired:
+            if paired and k == 1 and due[0] == "eager":
+                # Eager's cold cell runs alone and first, as every speedup's baseline: its row
+                # is safe before any pair runs, and its memory and steps are its own.
+                reference_s = self._fold(self._cell("eager", slot, 1), 1, reference_s)
+                due = due[1:]
+            eager_row = _row(self.report, "eager", slot.name)
+            if paired and eager_row is not None and eager_row.status == Status.OK:
                 self._paired_round(slot, k, [n for n in due if n != "eager"], reference_s)
             else:
                 for name in due:
@@ -171,43 +179,47 @@ class _Run:
         return reference_s
 
     def _paired_round(self, slot: DeviceSlot, k: int, due: list[str], reference_s: Optional[float]) -> None:
-        """Round ``k`` with warm pairs: one eager process (round 1: eager's own cold cell), warm and
-        serving, paired in turn with each backend's cell in ``due``; the rows not due this round
-        keep an empty round (``_add_round``), so round ``k`` is the ``k``-th everywhere."""
-        config, eager_row = self.config, _row(self.report, "eager", slot.name)
-        judge = eager_row is None
-        label = self._label("eager", slot, k)
-        self.progress.message(f"{label}: a warm eager process, paired in turn with each backend of the round")
-        start = time.perf_counter()
-        cache = os.path.join(self.run_dir, "caches", slot.name.replace(":", "-"), "eager")
-        with tempfile.TemporaryDirectory(prefix="cnncompare-cell-") as cell_dir:
-            eager = Child(self.registry.get("eager"), self.workload, slot.name, config, os.path.join(cell_dir, "run"),
-                          cache, self.run_dir, _no_phase, judge=judge, serve=True)
-            try:
-                pairing = Pairing(eager.wait_ready(), config.steps, random.Random(f"{config.seed}:{slot.name}:{k}"),
-                                  config.timeout_s)
-                self.cost["eager"] = time.perf_counter() - start
-                for name in due:
-                    reference_s = self._fold(self._cell(name, slot, k, pairing), k, reference_s)
-                if pairing.eager is not None and not pairing.eager.lost and pairing.eager.served < config.steps:
-                    try:  # no backend took its pairs (each failed or was skipped): eager's row still has its steps
-                        pairing.eager.steps(config.steps - pairing.eager.served, config.timeout_s)
-                    except PeerLost:
-                        pass
-                outcome = eager.finish()
-            finally:
-                eager.close()
-        self.done += 1
-        self.progress.start_cell(self.done, self.todo, label)
-        result = _result(outcome, config, _row_fields(self.registry.get("eager"), None, slot, config))
-        result.wall_s = time.perf_counter() - start
-        if judge or (eager_row is not None and eager_row.status == Status.OK and len(eager_row.rounds or []) < k):
-            self._fold(result, 1 if judge else k, reference_s)
+        """Round ``k`` with warm pairs: one eager process, warm and serving, paired in turn with
+        each backend's cell in ``due`` (round 1's cells are the cold ones). From round 2 its steps
+        are also the eager row's round ``k``; the rows not due this round keep an empty round
+        (``_add_round``), so round ``k`` is the ``k``-th everywhere."""
+        config = self.config
+        if due:
+            self.progress.message(f"round {k} on {slot.name}: a warm eager process, paired step by step with "
+                                  f"each backend of the round in turn")
+            start = time.perf_counter()
+            cache = os.path.join(self.run_dir, "caches", slot.name.replace(":", "-"), "eager")
+            with tempfile.TemporaryDirectory(prefix="cnncompare-cell-") as cell_dir:
+                eager = Child(self.registry.get("eager"), self.workload, slot.name, config,
+                              os.path.join(cell_dir, "run"), cache, self.run_dir, _no_phase, judge=False, serve=True)
+                try:
+                    pairing = Pairing(eager.wait_ready(), config.steps, random.Random(f"{config.seed}:{slot.name}:{k}"),
+                                      config.timeout_s)
+                    self.cost["eager"] = time.perf_counter() - start
+                    for name in due:
+                        reference_s = self._fold(self._cell(name, slot, k, pairing), k, reference_s)
+                    if k > 1 and pairing.eager is not None and not pairing.eager.lost \
+                            and pairing.eager.served < config.steps:
+                        try:  # no backend took its pairs (each failed): eager's row still has its round
+                            pairing.eager.steps(config.steps - pairing.eager.served, config.timeout_s)
+                        except PeerLost:
+                            pass
+                    outcome = eager.finish()
+                finally:
+                    eager.close()
+            eager_row = _row(self.report, "eager", slot.name)
+            if k > 1 and eager_row is not None and len(eager_row.rounds or []) < k:
+                result = _result(outcome, config, _row_fields(self.registry.get("eager"), None, slot, config))
+                result.wall_s = time.perf_counter() - start
+                self.done += 1
+                label = self._label("eager", slot, k)
+                self.progress.start_cell(self.done, self.todo, label)
+                self._fold(result, k, None)
+                self.progress.end_cell(label, summarize(result))
         for row in self.report.rows(slot.name):  # the rows that sat this round out keep its place
             if row.status == Status.OK and len(row.rounds or []) < k:
                 _add_round(self.report, None, k, row)
         self.report.rederive()
-        self.progress.end_cell(label, summarize(result))
 
     def _wider_than_target(self, slot: DeviceSlot, deadline: float) -> list[str]:
         """The next round's backends: the rows whose interval is wider than ``--target``, as many as
