@@ -45,8 +45,9 @@ def one_process_pair(config: RunConfig, backend: str, pairs: int, rng: random.Ra
     """``pairs`` step pairs of fresh ``eager`` and ``backend`` cells: log(eager / backend) per pair."""
     registry = load_registry(entry_points=False)
     workload = registry.workloads[config.workload.name]
-    cells = [Child(registry.get(name), workload, "cpu", config, os.path.join(where, name), os.path.join(where, f"{name}-cache"),
-                   None, lambda *a: None, judge=False, serve=True) for name in ("eager", backend)]
+    cells = [Child(registry.get(name), workload, "cpu", config, os.path.join(where, f"{i}-{name}"),
+                   os.path.join(where, f"{i}-{name}-cache"), None, lambda *a: None, judge=False, serve=True)
+             for i, name in enumerate(("eager", backend))]
     try:
         eager, other = (c.wait_ready() for c in cells)
         if eager is None or other is None:
