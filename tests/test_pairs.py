@@ -54,6 +54,28 @@ def test_the_speedup_is_the_geometric_mean_of_step_pair_ratios_with_an_interval_
     assert high3 / low3 < high / low
 
 
+def test_the_rounds_variance_pooled_over_rows_narrows_two_rounds_and_still_covers():
+    """Rows with this machine's noise (a step pair's log ratio 0.075, a process pair's 0.032; 2
+    rounds of 4 step pairs): each row's own t has 1 degree of freedom (12.7); pooled with the
+    other rows' rounds it has dozens, and the interval still covers the true ratio."""
+    rng = random.Random(3)
+    rows = [tuple((tuple(e), tuple(b)) for e, b in _rounds(rng, 1.3, n_rounds=2, pairs=4, within=0.075, between=0.032))
+            for _ in range(40)]
+    covered = narrower = 0
+    for i, r in enumerate(rows):
+        prior = stats.Pooled.of(rows[:i] + rows[i + 1:])
+        assert prior is not None and prior.df == 39
+        _, low, high = stats.paired_speedup(r, prior)
+        _, own_low, own_high = stats.paired_speedup(r)
+        covered += low < 1.3 < high
+        narrower += high / low < own_high / own_low
+    assert narrower == 40 and covered >= 35  # 95 % of 40 is 38
+    # One round with a prior gets the pooled interval, not a bootstrap over its own steps.
+    _, low, high = stats.paired_speedup(rows[0][:1], stats.Pooled.of(rows[1:]))
+    assert low < 1.3 < high
+    assert stats.Pooled.of([rows[0][:1]]) is None  # one round says nothing about rounds
+
+
 def test_an_empty_or_unequal_round_pairs_with_nothing():
     rounds = (((1.0,), (0.5,)), ((), ()), ((1.0, 2.0), (0.5,)), ((1.0,), (0.5,)))
     assert stats.paired_speedup(rounds) == pytest.approx((2.0, 2.0, 2.0))

@@ -40,7 +40,8 @@ HOW_TO_READ = """\
 - **speedup vs eager**: eager's step ÷ this backend's on the same device; >1 is faster. Only
   `ok` rows get one. Measured in warm pairs: each step of the backend's process alternates with
   one of an eager process alive beside it; the geometric mean of the pairs' ratios, with its
-  95 % interval in brackets (Student's t over the rounds, each a fresh pair of processes); `*`:
+  95 % interval in brackets (Student's t over the rounds, each a fresh pair of processes, their
+  spread pooled with the device's other rows'); `*`:
   the interval is wider than the run's `--target`. The summary names a pick only when its
   interval clears eager, the noise floor (`eager-control`) and every other row round by round;
   else a tie.

@@ -132,7 +132,8 @@ def rounds_line(device: str, log: list[RoundInfo], rows: Sequence[CellResult] = 
                 "each backend's process (round 1: the cold cells, which also take compile, memory and parity), "
                 "the parent alternating their steps in a random order; speedup = geometric mean of the step "
                 f"pairs' ratios, each round weighing the same, with its {CONFIDENCE:.0%} interval (Student's t over "
-                "the rounds' means, never narrower than the step pairs' own scatter allows). Rounds after the "
+                "the rounds' means, their spread pooled with the device's other rows', never narrower than the "
+                "step pairs' own scatter allows). Rounds after the "
                 f"first {config.rounds} go to the rows wider than the target, fewest rounds first, while the budget "
                 "allows. "
                 + (f"No row reached ±{config.target:g} % (each marked *)" if len(missed) == len(pairs) else

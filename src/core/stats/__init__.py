@@ -19,6 +19,7 @@ from .figures import (
     one_off_peak,
     paired_of,
     parity_cost,
+    round_prior,
     rounds_of,
     typical_step_s,
 )
@@ -30,6 +31,7 @@ from .intervals import (
     NOISE_THRESHOLD,
     T_INTERVAL_MIN_ROUNDS,
     PairedRounds,
+    Pooled,
     Rounds,
     StepStats,
     half_width,
@@ -45,8 +47,8 @@ from .intervals import (
 from .verdict import CONTROL, Verdict, verdict
 
 __all__ = ["BOOTSTRAP_RESAMPLES", "CONFIDENCE", "CONTROL", "DEFAULT_ALPHA", "KERNEL_SHARE_HINT",
-           "LATENCY_PERCENTILES", "MIN_PAIRED_ROUNDS", "NOISE_THRESHOLD", "PairedRounds", "ParityCost", "Rounds",
+           "LATENCY_PERCENTILES", "MIN_PAIRED_ROUNDS", "NOISE_THRESHOLD", "PairedRounds", "ParityCost", "Pooled", "Rounds",
            "StepStats", "T_INTERVAL_MIN_ROUNDS", "Verdict", "derive", "half_width", "kernel_share",
            "kernel_share_hint", "measured_precision", "memory_ratio", "one_off_cost", "one_off_peak", "paired_of",
-           "paired_ratio", "paired_speedup", "parity_cost", "quartiles_overlap", "round_medians", "rounds_of",
+           "paired_ratio", "paired_speedup", "parity_cost", "quartiles_overlap", "round_medians", "round_prior", "rounds_of",
            "rounds_test", "sentinel_spread", "slowest", "speedup_interval", "typical_step_s", "verdict"]

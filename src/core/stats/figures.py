@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..records import Status
-from .intervals import PairedRounds, Rounds, half_width, paired_speedup, round_medians, speedup_interval
+from .intervals import PairedRounds, Pooled, Rounds, half_width, paired_speedup, round_medians, speedup_interval
 
 if TYPE_CHECKING:  # rows are read and filled here; results.py calls derive, never the reverse at run time
     from ..results import CellResult
@@ -85,12 +85,20 @@ def paired_of(r: "CellResult") -> Optional[PairedRounds]:
     return tuple((tuple(e), b) for e, b in zip(r.round_eager_samples, rounds_of(r)))
 
 
-def speedup_of(eager: "CellResult", r: "CellResult") -> tuple[float, float, float]:
-    """``(speedup, low, high)`` of ``r`` over eager: from its warm pairs where it has them, else
-    from the rounds' medians (``intervals``). ValueError when nothing pairs them."""
+def round_prior(rows: Sequence["CellResult"], *exclude: "CellResult") -> Optional[Pooled]:
+    """The round-to-round variance pooled over one device's ``ok`` paired rows but ``exclude``
+    (``intervals.Pooled``): what the other rows say about how far a row's rounds scatter."""
+    paired = [paired_of(r) for r in rows if r.status == Status.OK and all(r is not e for e in exclude)]
+    return Pooled.of([p for p in paired if p is not None])
+
+
+def speedup_of(eager: "CellResult", r: "CellResult", prior: Optional[Pooled] = None) -> tuple[float, float, float]:
+    """``(speedup, low, high)`` of ``r`` over eager: from its warm pairs where it has them (with
+    ``prior``, ``round_prior``), else from the rounds' medians (``intervals``). ValueError when
+    nothing pairs them."""
     paired = paired_of(r)
     if paired is not None:
-        return paired_speedup(paired)
+        return paired_speedup(paired, prior)
     return speedup_interval(rounds_of(eager), rounds_of(r))
 
 
@@ -113,7 +121,8 @@ def derive(results: Sequence["CellResult"], units_per_step: int, latency: bool =
     within it.
 
     speedup_vs_eager = eager's step / the backend's (>1 is faster): over the warm pairs
-    (``intervals.paired_speedup``), else per round and the geometric mean over rounds
+    (``intervals.paired_speedup``, with the round-to-round variance of the device's other rows,
+    ``round_prior``), else per round and the geometric mean over rounds
     (``intervals.speedup_interval``), with ``speedup_ci``,
     for ``ok`` cells only: a wrong or failed backend has no speedup worth quoting.
     break_even_steps = training steps until the backend's extra one-off cost
@@ -149,7 +158,7 @@ def derive(results: Sequence["CellResult"], units_per_step: int, latency: bool =
             r.speedup_vs_eager, r.speedup_ci = 1.0, [1.0, 1.0]
         else:
             try:
-                speedup, low, high = speedup_of(base, r)
+                speedup, low, high = speedup_of(base, r, round_prior([o for o in results if o.device == r.device], r))
             except ValueError:  # no round in which both measured
                 continue
             r.speedup_vs_eager, r.speedup_ci = speedup, [low, high]

@@ -165,56 +165,88 @@ def _bootstrap_within(logs: np.ndarray) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def _over_rounds(means: list[float], within: Optional[float],
-                 one_round: Optional[np.ndarray]) -> tuple[float, float, float]:
+@dataclass(frozen=True)
+class Pooled:
+    """The variance of a round's mean log ratio pooled over rows (each row's sample variance of
+    its rounds' means, weighed by its degrees of freedom), and those degrees of freedom."""
+
+    variance: float
+    df: int
+
+    @staticmethod
+    def of(rows: Sequence[PairedRounds]) -> Optional["Pooled"]:
+        """Pooled over ``rows`` (each with two rounds or more counts); None when none has two."""
+        parts = [(float(np.var(means, ddof=1)), len(means) - 1)
+                 for means in ([v.mean() for v in _round_logs(r).values()] for r in rows) if len(means) > 1]
+        df = sum(d for _, d in parts)
+        return Pooled(sum(v * d for v, d in parts) / df, df) if df else None
+
+    def doubled(self) -> "Pooled":
+        """For a difference of two rows' round means: both rows' variance (an upper bound, since
+        the round's eager process, shared by both, cancels)."""
+        return Pooled(2 * self.variance, self.df)
+
+
+def _over_rounds(means: list[float], within: Optional[float], one_round: Optional[np.ndarray],
+                 prior: Optional[Pooled] = None) -> tuple[float, float, float]:
     """``(estimate, low, high)`` on the log scale: the mean over rounds, with Student's t over the
-    rounds' means (``rounds - 1`` degrees of freedom). Their variance is never taken below what
-    the step pairs' own scatter gives a round's mean (``within``): two rounds that agree by chance
-    don't make a narrow interval. With one round, a bootstrap over its steps (``one_round``),
-    narrower than the truth."""
+    rounds' means. Their variance is the row's own (``rounds - 1`` degrees of freedom) pooled with
+    ``prior`` (the other rows' on the device) where there is one, and never taken below what the
+    step pairs' own scatter gives a round's mean (``within``): two rounds that agree by chance
+    don't make a narrow interval. With one round and no prior, a bootstrap over its steps
+    (``one_round``), narrower than the truth."""
     estimate = float(np.mean(means))
-    if len(means) < 2:
+    own_df = len(means) - 1
+    if own_df == 0 and prior is None:
         if one_round is None or len(one_round) < 2:
             return estimate, estimate, estimate
         low, high = _bootstrap_within(one_round)
         return estimate, min(low, estimate), max(high, estimate)
-    variance = max(float(np.var(means, ddof=1)), within or 0.0)
-    half = float(_scipy.t.ppf((1 + CONFIDENCE) / 2, len(means) - 1)) * math.sqrt(variance / len(means))
+    own = float(np.var(means, ddof=1)) if own_df else 0.0
+    df = own_df + (prior.df if prior else 0)
+    variance = max((own * own_df + (prior.variance * prior.df if prior else 0.0)) / df, within or 0.0)
+    half = float(_scipy.t.ppf((1 + CONFIDENCE) / 2, df)) * math.sqrt(variance / len(means))
     return estimate, estimate - half, estimate + half
 
 
 @functools.lru_cache(maxsize=4096)
-def paired_speedup(rounds: PairedRounds) -> tuple[float, float, float]:
+def paired_speedup(rounds: PairedRounds, prior: Optional[Pooled] = None) -> tuple[float, float, float]:
     """``(speedup, low, high)`` of a backend over eager from warm interleaved pairs (> 1: faster).
 
     Each step pair gives ``eager / backend``; a round's figure is the geometric mean of its
     pairs, the speedup the geometric mean over rounds. Its 95 % interval is Student's t over the
     rounds (each a fresh pair of processes, the level that repeats independently), so the spread
-    between processes and between the minutes of the run is in it, with the steps' own scatter
-    as its floor. One round gives a bootstrap over its steps, narrower than the truth
-    (``MIN_PAIRED_ROUNDS``). Cached: a report is derived again whenever a row joins."""
+    between processes is in it, with the steps' own scatter as its floor. ``prior``: the
+    round-to-round variance pooled over the device's other rows (``Pooled.of``), which every row
+    shares (measured: the process level's spread was the same for eager against itself and
+    against fused Adam), so that two or three rounds give an interval with the degrees of freedom
+    of all of them. One round without a prior gives a bootstrap over its steps, narrower than the
+    truth (``MIN_PAIRED_ROUNDS``). Cached: a report is derived again whenever a row joins."""
     logs = _round_logs(rounds)
     if not logs:
         raise ValueError("no step pair measured")
     values = list(logs.values())
-    estimate, low, high = _over_rounds([v.mean() for v in values], _within(values), values[0])
+    estimate, low, high = _over_rounds([v.mean() for v in values], _within(values), values[0], prior)
     return float(np.exp(estimate)), float(np.exp(low)), float(np.exp(high))
 
 
 @functools.lru_cache(maxsize=4096)
-def paired_ratio(faster: PairedRounds, slower: PairedRounds) -> tuple[float, float, float]:
+def paired_ratio(faster: PairedRounds, slower: PairedRounds,
+                 prior: Optional[Pooled] = None) -> tuple[float, float, float]:
     """``(ratio, low, high)``: ``faster``'s speedup over ``slower``'s, from the rounds both ran.
 
     In a round both were paired with the same eager process, so their ratio is the difference
     of their log speedups in that round (the eager process's own speed cancels); the interval is
-    Student's t over those differences, floored by both rows' step scatter."""
+    Student's t over those differences, floored by both rows' step scatter, pooled with
+    ``prior`` (a single row's, ``Pooled.doubled`` here) as ``paired_speedup`` does."""
     a, b = _round_logs(faster), _round_logs(slower)
     shared = sorted(set(a) & set(b))
     if not shared:
         raise ValueError("no round measured both")
     within_a, within_b = _within([a[k] for k in shared]), _within([b[k] for k in shared])
     within = None if within_a is None or within_b is None else within_a + within_b
-    estimate, low, high = _over_rounds([a[k].mean() - b[k].mean() for k in shared], within, None)
+    estimate, low, high = _over_rounds([a[k].mean() - b[k].mean() for k in shared], within, None,
+                                       prior.doubled() if prior else None)
     return float(np.exp(estimate)), float(np.exp(low)), float(np.exp(high))
 
 

@@ -11,7 +11,8 @@ warm pairs; ``intervals.speedup_interval`` over unpaired rounds):
     ``eager-control`` row, an A/A comparison), whose interval's upper end it must exceed,
   - its paired interval against every other contender (best over contender, round by round:
     in a round both were paired with the same eager process) clears 1; the contenders it
-    doesn't clear are **tied** with it,
+    doesn't clear are **tied** with it (each interval's round-to-round variance pooled with the
+    device's other rows', ``figures.round_prior``),
   - and the run has ``MIN_PAIRED_ROUNDS`` rounds of warm pairs (``T_INTERVAL_MIN_ROUNDS`` of
     unpaired rounds): with fewer, the intervals are over one process's steps, narrower than the
     truth, and nothing is picked.
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..records import Status
-from .figures import measured_precision, paired_of, rounds_of
+from .figures import measured_precision, paired_of, round_prior, rounds_of
 from .intervals import MIN_PAIRED_ROUNDS, T_INTERVAL_MIN_ROUNDS, paired_ratio, quartiles_overlap, speedup_interval
 
 if TYPE_CHECKING:
@@ -84,12 +85,13 @@ class Verdict:
                     "speedup": other.speedup_vs_eager, "speedup_ci": other.speedup_ci}}
 
 
-def _clears(best: "CellResult", contender: "CellResult") -> bool:
-    """Whether ``best`` is faster than ``contender`` at 95 %, round by round."""
+def _clears(best: "CellResult", contender: "CellResult", rows: Sequence["CellResult"]) -> bool:
+    """Whether ``best`` is faster than ``contender`` at 95 %, round by round (the other ``rows``
+    of the device give the round-to-round variance, ``round_prior``)."""
     mine, theirs = paired_of(best), paired_of(contender)
     try:
         if mine is not None and theirs is not None:
-            return paired_ratio(mine, theirs)[1] > 1.0
+            return paired_ratio(mine, theirs, round_prior(rows, best, contender))[1] > 1.0
         if mine is not None and contender.backend == "eager":  # the best's own interval over eager
             return best.speedup_ci is not None and best.speedup_ci[0] > 1.0
         if theirs is not None and best.backend == "eager":
@@ -117,7 +119,7 @@ def verdict(device: str, rows: Sequence["CellResult"], rounds: int = T_INTERVAL_
         other = None
     # Against eager the paired interval is the best's own speedup interval.
     tied = [r.backend for r in sorted(same, key=lambda r: -(r.speedup_vs_eager or 0.0))
-            if r is not best and not _clears(best, r)]
+            if r is not best and not _clears(best, r, rows)]
     below = (best is not eager and control is not None and control.speedup_ci is not None
              and (best.speedup_ci or [1.0])[0] <= control.speedup_ci[1])
     result = Verdict(device, best, eager, tied, precision=baseline, other_precision=other, control=control,
