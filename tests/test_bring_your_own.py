@@ -23,7 +23,7 @@ from cnncompare.workloads import WorkloadError, find
 ROOT = Path(__file__).resolve().parent.parent
 FACTORIES = "tests/user_models/factories.py"
 #: The smallest run the CLI can make: one step, no warm-up beyond the parity step's.
-QUICK = ["--devices", "cpu", "--batch-size", "4", "--steps", "2", "--warmup", "0", "--rounds", "1", "--threads", "1",
+QUICK = ["--devices", "cpu", "--batch-size", "4", "--steps", "2", "--warmup", "0", "--rounds", "1", "--round-time", "0", "--threads", "1",
          "--compile-threads", "1", "--no-control"]
 
 

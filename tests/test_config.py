@@ -20,6 +20,8 @@ from cnncompare.core.config import ConfigError, RunConfig, WorkloadSpec, availab
         ("batch_size", 2.5, "--batch-size"),
         ("steps", True, "--steps"),
         ("malloc", "jemalloc", "--malloc"),
+        ("round_s", -1, "--round-time"),
+        ("round_s", float("inf"), "--round-time"),
     ],
 )
 def test_invalid_values_are_refused_naming_the_option(field, value, option):

@@ -102,7 +102,7 @@ def test_two_nodes_meet_through_torchruns_rendezvous(tmp_path):
         port = s.getsockname()[1]
     procs = [subprocess.Popen(
         [sys.executable, "-m", "cnncompare", "--backends", "eager", "--devices", "cpu", "--batch-size", "4",
-         "--image-size", "8", "--steps", "3", "--warmup", "0", "--rounds", "1", "--threads", "1", "--timeout", "180",
+         "--image-size", "8", "--steps", "3", "--warmup", "0", "--rounds", "1", "--round-time", "0", "--threads", "1", "--timeout", "180",
          "--nproc", "1", "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", f"127.0.0.1:{port}",
          "--output", str(tmp_path / f"node{rank}.md")],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]

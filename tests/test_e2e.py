@@ -105,7 +105,7 @@ def test_cli_end_to_end(tmp_path):
     malloc = "reuse" if malloc_supported("reuse") is None else "system"  # the other policy runs in builtin_report
     proc = subprocess.run(
         [sys.executable, "-m", "cnncompare", "--backends", "eager", "--devices", "cpu,cuda",
-         "--batch-size", "4", "--image-size", "8", "--steps", "3", "--warmup", "0", "--rounds", "1", "--threads", "1",
+         "--batch-size", "4", "--image-size", "8", "--steps", "3", "--warmup", "0", "--rounds", "1", "--round-time", "0", "--threads", "1",
          "--malloc", malloc, "--output", str(md), "--json", str(js), "--print-report"],
         capture_output=True, text=True, timeout=300,
     )

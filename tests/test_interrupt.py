@@ -13,7 +13,8 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 DRIVER = Path(__file__).parent / "run_cli_with_test_plugins.py"
-TINY_ARGS = ["--devices", "cpu", "--batch-size", "4", "--image-size", "8", "--steps", "3", "--warmup", "0", "--rounds", "1", "--threads", "1",
+TINY_ARGS = ["--devices", "cpu", "--batch-size", "4", "--image-size", "8", "--steps", "3", "--warmup", "0", "--rounds", "1",
+             "--round-time", "0", "--threads", "1",
              "--no-control"]
 
 

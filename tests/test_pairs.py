@@ -8,7 +8,7 @@ import pytest
 from cnncompare.core import stats
 from cnncompare.core.records import Status
 from cnncompare.core.results import CellResult
-from cnncompare.core.run.pairs import Listener, PeerLost, interleave
+from cnncompare.core.run.pairs import MAX_PAIRS, Listener, PeerLost, interleave, round_size
 
 
 def _paired(name, rounds):
@@ -152,4 +152,19 @@ def test_interleave_alternates_one_step_each_in_a_random_order_and_a_lost_peer_s
             c.steps(1, timeout_s=10)
     assert c.lost
     for listener in (a_listener, b_listener, c_listener):
+        listener.close()
+
+
+def test_fast_steps_get_more_pairs_in_chunks_and_slow_ones_keep_steps_one_at_a_time():
+    assert round_size(0.6, 4, 2.0) == (4, 1)  # the seed CNN: --steps pairs, step by step
+    assert round_size(0.01, 4, 2.0) == (200, 5)  # 2 s of 10 ms steps, 50 ms at a time
+    assert round_size(1e-5, 4, 2.0) == (MAX_PAIRS, MAX_PAIRS)
+    assert round_size(0.01, 4, 0.0) == (4, 4)  # --round-time 0: --steps pairs
+    sizes = []
+    a_listener, a = _peer(lambda n: sizes.append(n) or [0.5] * n)
+    b_listener, b = _peer(lambda n: [1.0] * n)
+    mine, theirs = interleave(a, b, 7, random.Random(0), timeout_s=10, chunk=3)
+    assert mine == [0.5] * 7 and theirs == [1.0] * 7 and sizes == [3, 3, 1]
+    for peer, listener in ((a, a_listener), (b, b_listener)):
+        peer.stop()
         listener.close()

@@ -124,7 +124,7 @@ def test_list_shows_workloads(capsys):
 @pytest.mark.e2e
 def test_cli_runs_the_named_workload_and_records_it(tmp_path):
     proc = subprocess.run([sys.executable, str(DRIVER), "--workload", "toy-mlp", "--backends", "eager", "--devices", "cpu",
-                           "--batch-size", "4", "--steps", "2", "--warmup", "0", "--rounds", "1", "--threads", "1",
+                           "--batch-size", "4", "--steps", "2", "--warmup", "0", "--rounds", "1", "--round-time", "0", "--threads", "1",
                            "--output", str(tmp_path / "r.md")], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     data = json.loads((tmp_path / "r.json").read_text())

@@ -132,6 +132,10 @@ class RunConfig:
     budget_s: float = option(
         540.0, "--budget", "seconds the run may take before it stops adding rounds (the first --rounds always "
         "run)", metavar="SECONDS")
+    round_s: float = option(
+        2.0, "--round-time", "seconds of eager's steps a round's step pairs cover at least: with fast steps a round "
+        "takes more pairs than --steps (up to 1000), alternated a chunk of about 50 ms at a time; 0: --steps pairs",
+        metavar="SECONDS")
     seed: int = option(0, "--seed", "seed for weights and data", minimum=0, metavar="N")
     threads: Optional[int] = option(None, "--threads", "torch CPU threads", minimum=1,
                                     shown_default="every available core", metavar="N")
@@ -177,6 +181,8 @@ class RunConfig:
         for flag, value in (("--target", self.target), ("--budget", self.budget_s)):
             if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ConfigError(flag, f"must be a positive number, got {value!r}")
+        if isinstance(self.round_s, bool) or not (isinstance(self.round_s, (int, float)) and 0 <= self.round_s < math.inf):
+            raise ConfigError("--round-time", f"must be a number of seconds >= 0, got {self.round_s!r}")
         if isinstance(self.lr, bool) or not (isinstance(self.lr, (int, float)) and self.lr > 0):
             raise ConfigError("lr", f"must be a positive float, got {self.lr!r}")
         self._check_distributed()
@@ -242,6 +248,7 @@ class RunConfig:
         data.setdefault("rounds", 1)
         data.setdefault("target", 3.0)  # reports from before warm pairs, which had no target
         data.setdefault("budget_s", 540.0)
+        data.setdefault("round_s", 0.0)  # and before rounds grew for fast steps: --steps pairs
         data.setdefault("mode", "train")  # reports from before --mode
         data.setdefault("backend_options", {})  # and before --backend-option
         if "workload" not in data:

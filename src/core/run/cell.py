@@ -38,21 +38,23 @@ from .progress import Progress
 @dataclass
 class Pairing:
     """A round's warm eager process, as the cells of the round are paired with it: each serving
-    cell's ``drive`` interleaves ``steps`` step pairs with eager (``pairs.interleave``) and keeps
-    eager's side in ``eager_samples``. Without an eager peer (it failed before it was warm, or
-    was lost) a cell serves ``steps`` steps unpaired, and ``eager_samples`` is None."""
+    cell's ``drive`` interleaves ``steps`` step pairs with eager, ``chunk`` steps at a time
+    (``pairs.interleave``, ``pairs.round_size``), and keeps eager's side in ``eager_samples``.
+    Without an eager peer (it failed before it was warm, or was lost) a cell serves ``steps``
+    steps unpaired, and ``eager_samples`` is None."""
 
     eager: Optional[Peer]
     steps: int
     rng: random.Random
     timeout_s: float
+    chunk: int = 1
     eager_samples: Optional[list[float]] = None
 
     def drive(self, peer: Peer) -> None:
         self.eager_samples = None
         if self.eager is not None and not self.eager.lost:
             try:
-                _, self.eager_samples = interleave(peer, self.eager, self.steps, self.rng, self.timeout_s)
+                _, self.eager_samples = interleave(peer, self.eager, self.steps, self.rng, self.timeout_s, self.chunk)
                 return
             except PeerLost:
                 self.eager_samples = None

@@ -28,7 +28,7 @@ from ..stats import StepStats, half_width
 from .cell import Pairing, _result, _row_fields, ensure_reference, run_cell, summarize, unavailable
 from .devices import DeviceSlot
 from .launch import SERVER, Child
-from .pairs import PeerLost
+from .pairs import PeerLost, round_size
 from .progress import Progress
 from .sentinel import sentinel_s
 
@@ -195,15 +195,16 @@ class _Run:
                 eager = Child(self.registry.get("eager"), self.workload, slot.name, config,
                               os.path.join(cell_dir, "run"), cache, self.run_dir, _no_phase, judge=False, serve=True)
                 try:
-                    pairing = Pairing(eager.wait_ready(), config.steps, random.Random(f"{config.seed}:{slot.name}:{k}"),
-                                      config.timeout_s)
+                    pairs, chunk = round_size(_eager_step_s(self.report, slot.name), config.steps, config.round_s)
+                    pairing = Pairing(eager.wait_ready(), pairs, random.Random(f"{config.seed}:{slot.name}:{k}"),
+                                      config.timeout_s, chunk)
                     self.cost["eager"] = time.perf_counter() - start
                     for name in due:
                         reference_s = self._fold(self._cell(name, slot, k, pairing), k, reference_s)
                     if k > 1 and pairing.eager is not None and not pairing.eager.lost \
-                            and pairing.eager.served < config.steps:
+                            and pairing.eager.served < pairs:
                         try:  # no backend took its pairs (each failed): eager's row still has its round
-                            pairing.eager.steps(config.steps - pairing.eager.served, config.timeout_s)
+                            pairing.eager.steps(pairs - pairing.eager.served, config.timeout_s)
                         except PeerLost:
                             pass
                     outcome = eager.finish()
@@ -277,6 +278,13 @@ def _needs_round(report: RunReport, cell: Cell, k: int) -> bool:
 
 def _row(report: RunReport, backend: str, device: str) -> Optional[CellResult]:
     return next((r for r in report.results if (r.backend, r.device) == (backend, device)), None)
+
+
+def _eager_step_s(report: RunReport, device: str) -> float:
+    """Eager's median step on ``device`` (its row is ``ok`` before any pair runs)."""
+    row = _row(report, "eager", device)
+    assert row is not None and row.step_s is not None
+    return row.step_s.median
 
 
 def _add_round(report: RunReport, later: Optional[CellResult], k: int, row: Optional[CellResult] = None) -> None:

@@ -13,6 +13,7 @@ other waits blocked on its socket, so the two never compete for the cores.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import select
@@ -105,13 +106,31 @@ class Peer:
         self._conn.close()
 
 
+#: A round's step pairs at most (``round_size``).
+MAX_PAIRS = 1000
+#: Steps shorter than this are alternated in chunks of about this many seconds: switching
+#: process every millisecond would time each step in caches the other process just used.
+CHUNK_S = 0.05
+
+
+def round_size(eager_step_s: float, steps: int, round_s: float) -> tuple[int, int]:
+    """``(pairs, chunk)`` for a round whose eager steps take about ``eager_step_s``: at least
+    ``steps`` pairs (``--steps``), more when they would cover less than ``round_s`` seconds
+    (``--round-time``: a small model's 4 steps are milliseconds, swamped by one step's noise,
+    where a round's fixed cost, a process start and its warm-up, is seconds), at most
+    ``MAX_PAIRS``; alternated ``chunk`` steps at a time."""
+    pairs = max(steps, min(MAX_PAIRS, math.ceil(round_s / max(eager_step_s, 1e-9))))
+    return pairs, max(1, min(pairs, int(CHUNK_S / max(eager_step_s, 1e-9))))
+
+
 def interleave(backend: Peer, eager: Peer, pairs: int, rng: random.Random,
-               timeout_s: float) -> tuple[list[float], list[float]]:
-    """``pairs`` step pairs, one step of each peer per pair in a random order: the backend's
-    seconds and eager's, pair by pair (pair ``i`` is ``(backend[i], eager[i])``)."""
+               timeout_s: float, chunk: int = 1) -> tuple[list[float], list[float]]:
+    """``pairs`` step pairs, ``chunk`` steps of each peer at a time in a random order: the
+    backend's seconds and eager's, pair by pair (pair ``i`` is ``(backend[i], eager[i])``)."""
     mine: list[float] = []
     theirs: list[float] = []
-    for _ in range(pairs):
+    while len(mine) < pairs:
+        n = min(chunk, pairs - len(mine))
         for peer in ((backend, eager) if rng.random() < 0.5 else (eager, backend)):
-            (mine if peer is backend else theirs).extend(peer.steps(1, timeout_s))
+            (mine if peer is backend else theirs).extend(peer.steps(n, timeout_s))
     return mine, theirs
