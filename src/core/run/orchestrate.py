@@ -2,10 +2,11 @@
 
 Each round on a device runs its backends in a fresh seeded shuffle (drift then hits every
 backend alike), with the drift sentinel timed at its start. With warm pairs (any single-process
-run with eager on a device it can run on) a round starts one eager process, warm and serving,
-and pairs each backend's cell with it in turn (``cell.Pairing``, ``pairs.py``): round 1's cells
-are the cold ones (compile, memory, parity), later rounds reuse each cell's compile cache and add
-their paired steps to its row. After ``--rounds``, more rounds go to the rows whose interval is
+run with eager on a device it can run on) eager's cold cell runs first and alone; then each
+round starts one eager process, warm and serving, and pairs each backend's cell with it in turn
+(``cell.Pairing``, ``pairs.py``; ``pairs.round_size`` step pairs): round 1's cells are the cold
+ones (compile, memory, parity), later rounds reuse each cell's compile cache and add their
+paired steps to its row. After ``--rounds``, more rounds go to the rows whose interval is
 wider than ``--target`` while ``--budget`` lasts. Under ``--nproc`` the rounds are unpaired:
 each cell once per round. What one cell does is ``cell.py``'s.
 """
