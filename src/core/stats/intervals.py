@@ -165,6 +165,14 @@ def _bootstrap_within(logs: np.ndarray) -> tuple[float, float]:
     return float(low), float(high)
 
 
+@functools.lru_cache(maxsize=4096)
+def _round_spread(rounds: PairedRounds) -> Optional[tuple[float, int]]:
+    """``(variance, df)`` of one row's rounds' mean log ratios, None with fewer than two rounds.
+    Cached: every other row's interval pools it, each time a report is derived."""
+    means = [v.mean() for v in _round_logs(rounds).values()]
+    return (float(np.var(means, ddof=1)), len(means) - 1) if len(means) > 1 else None
+
+
 @dataclass(frozen=True)
 class Pooled:
     """The variance of a round's mean log ratio pooled over rows (each row's sample variance of
@@ -176,8 +184,7 @@ class Pooled:
     @staticmethod
     def of(rows: Sequence[PairedRounds]) -> Optional["Pooled"]:
         """Pooled over ``rows`` (each with two rounds or more counts); None when none has two."""
-        parts = [(float(np.var(means, ddof=1)), len(means) - 1)
-                 for means in ([v.mean() for v in _round_logs(r).values()] for r in rows) if len(means) > 1]
+        parts = [part for part in map(_round_spread, rows) if part is not None]
         df = sum(d for _, d in parts)
         return Pooled(sum(v * d for v, d in parts) / df, df) if df else None
 
