@@ -227,3 +227,21 @@ def test_rounds_beyond_the_minimum_go_to_wide_intervals_while_the_budget_lasts()
             ran = [k for k, s in enumerate(r.round_samples) if s]
             assert all(len(r.round_eager_samples[k]) == len(r.round_samples[k]) == 3 for k in ran)
     assert all(info.order for info in report.round_log["cpu"][2:])  # who ran each extra round is logged
+
+
+def test_fast_steps_make_a_round_of_more_pairs_than_steps():
+    """--round-time: a round covers at least that many seconds of eager's steps, so a tiny step
+    gets more pairs than --steps, as many as ``round_size`` says for eager's measured step."""
+    from _tiny import TINY
+    from cnncompare.core.config import RunConfig
+    from cnncompare.core.run.pairs import round_size
+
+    config = RunConfig(backends=("eager", "eager-fused"), devices=("cpu",), **{**TINY, "round_s": 1.0})
+    report = RunReport(environment={}, config=config)
+    run_cells(plan_cells(config, [DeviceSlot("cpu")]), config, load_registry(entry_points=False), report,
+              on_result=lambda rep: None)
+    rows = {r.backend: r for r in report.results}
+    pairs, _ = round_size(rows["eager"].step_s.median, config.steps, config.round_s)
+    fused = rows["eager-fused"]
+    assert fused.status is Status.OK and pairs > config.steps
+    assert len(fused.step_s.samples) == len(fused.round_eager_samples[0]) == pairs
