@@ -107,6 +107,51 @@ def test_one_round_of_pairs_picks_nothing_and_two_may():
     assert stats.verdict("cpu", [eager, fast], rounds=1).pick is None
 
 
+def test_rounds_to_target_estimates_how_many_rounds_narrow_an_interval_to_it():
+    """From 3 rounds of this machine's noise, the estimate of the rounds a ±3 % half-width needs;
+    rows then run that many rounds reach about ±3 % (an estimate: the median within 25 %)."""
+    rng = random.Random(5)
+    sim = dict(within=0.075, between=0.032, pairs=4)
+    rows = [tuple((tuple(e), tuple(b)) for e, b in _rounds(rng, 1.2, n_rounds=3, **sim)) for _ in range(30)]
+    reached = []
+    for i, r in enumerate(rows):
+        prior = stats.Pooled.of(rows[:i] + rows[i + 1:])
+        needed = stats.rounds_to_target(*stats.paired_speedup(r, prior), 3, 0.03)
+        assert needed > 3
+        longer = r + tuple((tuple(e), tuple(b)) for e, b in _rounds(rng, 1.2, n_rounds=needed - 3, **sim))
+        reached.append(stats.half_width(*stats.paired_speedup(longer, prior)))
+    assert 0.03 * 0.75 < sorted(reached)[len(reached) // 2] < 0.03 * 1.25
+    assert stats.rounds_to_target(1.0, 0.99, 1.01, 3, 0.03) == 3  # already there: no more
+    assert stats.rounds_to_target(1.0, 1 / 1.06, 1.06, 2, 0.03) == 8  # twice as wide: four times the rounds
+
+
+def test_the_rounds_line_says_what_reaching_the_target_would_take_at_the_rounds_cost():
+    from cnncompare.core.config import RunConfig
+    from cnncompare.core.report.summary import rounds_line
+    from cnncompare.core.results import RoundInfo
+
+    rng = random.Random(6)
+    eager = _paired("eager", [([1.0] * 4, [1.0] * 4)] * 3)
+    eager.round_eager_samples = None
+    rows = [eager] + [_paired(f"b{i}", _rounds(rng, 1.1, n_rounds=3, pairs=4, within=0.075, between=0.032))
+                      for i in range(3)]
+    for r in rows[1:]:
+        # Round 1 compiled cold (30 s more than a warm round's compile and first step): 10 s a round.
+        r.wall_s, r.round_compile_s, r.round_first_step_s = 60.0, [20.5, 0.5, 0.5], [11.0, 1.0, 1.0]
+        assert stats.later_round_s(r) == pytest.approx(10.0)
+    stats.derive(rows, units_per_step=1, target_pct=3.0)
+    cost = stats.target_cost(rows, 3.0)
+    assert cost is not None and cost.widest in {"b0", "b1", "b2"}
+    expected = sum((stats.rounds_to_target(r.speedup_vs_eager, *r.speedup_ci, 3, 0.03) - 3) * 10.0 for r in rows[1:])
+    assert cost.extra_s == pytest.approx(expected) and cost.extra_s > 0
+    config = RunConfig(target=3.0, budget_s=540.0)
+    line = rounds_line("cpu", [RoundInfo(order=[])] * 3, rows, config)
+    assert f"`--budget {540 + cost.extra_s:.0f}`" in line and f"about {cost.rounds} rounds" in line
+    for r in rows[1:]:
+        r.wall_s = None  # a round's cost unknown: no estimate rather than a wrong one
+    assert stats.target_cost(rows, 3.0) is None and "--budget" not in rounds_line("cpu", [RoundInfo(order=[])] * 3, rows, config)
+
+
 def _serve(listener_path, replies, stop_after=None):
     """A stand-in serving cell: answers each steps command with ``replies(n)``."""
     import json

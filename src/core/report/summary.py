@@ -20,6 +20,7 @@ from ..stats import (
     measured_precision,
     parity_cost,
     sentinel_spread,
+    target_cost,
 )
 from .formatting import md_cell, num, per_s, speedup
 from .wording import STEP_UNIT, plural
@@ -139,6 +140,7 @@ def rounds_line(device: str, log: list[RoundInfo], rows: Sequence[CellResult] = 
                 + (f"No row reached ±{config.target:g} % (each marked *)" if len(missed) == len(pairs) else
                    f"{len(pairs) - len(missed)} of {len(pairs)} rows reached ±{config.target:g} %"
                    + (f"; not (marked *): {', '.join(missed)}" if missed else ""))
+                + _target_cost_text(pairs, config)
                 + ". Compile and first step (warm) = the median of later rounds', which reuse the cell's compile "
                 "cache; break-even counts round 1's cold costs.")
     else:
@@ -152,6 +154,17 @@ def rounds_line(device: str, log: list[RoundInfo], rows: Sequence[CellResult] = 
         text += (f" Drift sentinel: {low * 1000:.1f} to {high * 1000:.1f} ms "
                  f"(the machine's speed moved by {high / low - 1:.0%} over the run).")
     return text
+
+
+def _target_cost_text(rows: Sequence[CellResult], config: RunConfig) -> str:
+    """What reaching the target on every row would take here, at the rounds' measured cost."""
+    cost = target_cost(rows, config.target)
+    if cost is None:
+        return ""
+    minutes = max(1, round(cost.extra_s / 60))
+    return (f"; at this run's cost per round, ±{config.target:g} % on every row would take about {cost.rounds} "
+            f"rounds for the widest ({md_cell(cost.widest)}) and {minutes} more {plural('minute', minutes)} of rounds "
+            f"(`--budget {config.budget_s + cost.extra_s:.0f}` for this device alone)")
 
 
 def _interval_method(rounds: int) -> str:

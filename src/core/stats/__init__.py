@@ -10,9 +10,11 @@ from .figures import (
     KERNEL_SHARE_HINT,
     LATENCY_PERCENTILES,
     ParityCost,
+    TargetCost,
     derive,
     kernel_share,
     kernel_share_hint,
+    later_round_s,
     measured_precision,
     memory_ratio,
     one_off_cost,
@@ -21,6 +23,7 @@ from .figures import (
     parity_cost,
     round_prior,
     rounds_of,
+    target_cost,
     typical_step_s,
 )
 from .intervals import (
@@ -40,6 +43,7 @@ from .intervals import (
     quartiles_overlap,
     round_medians,
     rounds_test,
+    rounds_to_target,
     sentinel_spread,
     slowest,
     speedup_interval,
@@ -48,7 +52,8 @@ from .verdict import CONTROL, Verdict, verdict
 
 __all__ = ["BOOTSTRAP_RESAMPLES", "CONFIDENCE", "CONTROL", "DEFAULT_ALPHA", "KERNEL_SHARE_HINT",
            "LATENCY_PERCENTILES", "MIN_PAIRED_ROUNDS", "NOISE_THRESHOLD", "PairedRounds", "ParityCost", "Pooled", "Rounds",
-           "StepStats", "T_INTERVAL_MIN_ROUNDS", "Verdict", "derive", "half_width", "kernel_share",
-           "kernel_share_hint", "measured_precision", "memory_ratio", "one_off_cost", "one_off_peak", "paired_of",
+           "StepStats", "T_INTERVAL_MIN_ROUNDS", "TargetCost", "Verdict", "derive", "half_width", "kernel_share",
+           "kernel_share_hint", "later_round_s", "measured_precision", "memory_ratio", "one_off_cost", "one_off_peak", "paired_of",
            "paired_ratio", "paired_speedup", "parity_cost", "quartiles_overlap", "round_medians", "round_prior", "rounds_of",
-           "rounds_test", "sentinel_spread", "slowest", "speedup_interval", "typical_step_s", "verdict"]
+           "rounds_test", "rounds_to_target", "sentinel_spread", "slowest", "speedup_interval", "target_cost",
+           "typical_step_s", "verdict"]

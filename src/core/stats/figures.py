@@ -11,7 +11,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..records import Status
-from .intervals import PairedRounds, Pooled, Rounds, half_width, paired_speedup, round_medians, speedup_interval
+from .intervals import (
+    PairedRounds,
+    Pooled,
+    Rounds,
+    half_width,
+    paired_speedup,
+    round_medians,
+    rounds_to_target,
+    speedup_interval,
+)
 
 if TYPE_CHECKING:  # rows are read and filled here; results.py calls derive, never the reverse at run time
     from ..results import CellResult
@@ -100,6 +109,50 @@ def speedup_of(eager: "CellResult", r: "CellResult", prior: Optional[Pooled] = N
     if paired is not None:
         return paired_speedup(paired, prior)
     return speedup_interval(rounds_of(eager), rounds_of(r))
+
+
+def later_round_s(r: "CellResult") -> Optional[float]:
+    """What one more round of a row costs, in wall seconds: its wall time over its rounds, less
+    what round 1's cold compile and first step took beyond a later round's (warm cache). None
+    without two measured rounds (no warm one to compare with)."""
+    measured = sum(1 for s in r.round_samples or [] if s)
+    if r.wall_s is None or measured < 2:
+        return None
+    cold_extra = 0.0
+    for per_round in (r.round_compile_s, r.round_first_step_s):
+        later = _median_later(per_round)
+        if per_round and per_round[0] is not None and later is not None:
+            cold_extra += max(0.0, per_round[0] - later)
+    return max(0.0, r.wall_s - cold_extra) / measured
+
+
+@dataclass
+class TargetCost:
+    """What reaching ``--target`` on every paired row of a device would take, at its measured
+    round costs: ``extra_s`` more seconds of rounds, ``rounds`` for the widest row ``widest``."""
+
+    extra_s: float
+    rounds: int
+    widest: str
+
+
+def target_cost(rows: Sequence["CellResult"], target_pct: float) -> Optional[TargetCost]:
+    """``TargetCost`` over one device's derived rows short of the target (``rounds_to_target``
+    per row, times ``later_round_s``); None when every row reached it or a row's round cost is
+    unknown."""
+    short = [r for r in rows if r.target_reached is False and r.speedup_ci and r.speedup_vs_eager]
+    if not short:
+        return None
+    extra, widest = 0.0, (0, "")
+    for r in short:
+        cost, measured = later_round_s(r), sum(1 for s in r.round_samples or [] if s)
+        if cost is None:
+            return None
+        assert r.speedup_vs_eager is not None and r.speedup_ci is not None
+        needed = rounds_to_target(r.speedup_vs_eager, r.speedup_ci[0], r.speedup_ci[1], measured, target_pct / 100)
+        extra += (needed - measured) * cost
+        widest = max(widest, (needed, r.backend))
+    return TargetCost(extra_s=extra, rounds=widest[0], widest=widest[1])
 
 
 def measured_precision(r: "CellResult") -> Optional[str]:

@@ -262,6 +262,17 @@ def half_width(speedup: float, low: float, high: float) -> float:
     return max(high / speedup - 1.0, 1.0 - low / speedup)
 
 
+def rounds_to_target(speedup: float, low: float, high: float, rounds: int, target: float) -> int:
+    """How many rounds an interval from ``rounds`` rounds would need for a half-width of ``target``
+    (a fraction, as ``half_width`` measures it), at least ``rounds``: a paired interval narrows as
+    1 / √rounds while the rounds scatter as before (its t, already on the pooled degrees of
+    freedom, barely moves). An estimate to plan a budget with, not a promise."""
+    if rounds < 1 or target <= 0:
+        raise ValueError("rounds must be at least 1 and target positive")
+    width = max(math.log(high / speedup), math.log(speedup / low))
+    return max(rounds, math.ceil(rounds * (width / math.log1p(target)) ** 2 - 1e-9))
+
+
 def rounds_test(base: Rounds, new: Rounds) -> Optional[float]:
     """Two-sided p-value that two runs' step times differ, at the level that is independent: each
     round is a fresh process, so the samples are the rounds' log medians (Welch's t-test, unequal
