@@ -101,6 +101,27 @@ class MemoryHog:
         time.sleep(3600)
 
 
+class SwellInSteps:
+    """From its second measured step (calls 1-3 are the first step and warm-up, 4 the first
+    measured: ``raise-step4``) each step holds 3 GB for 2 s, then frees it and goes on: over
+    ``--max-memory`` only while the parent drives the cell's warm pairs, so only its look during
+    the pairs sees it (afterwards the memory is gone and the cell would end ``ok``)."""
+    name = "swell-in-steps"
+
+    def compile(self, model, example, device):
+        calls = {"n": 0}
+
+        def forward(x):
+            calls["n"] += 1
+            if calls["n"] >= 5:
+                blocks = [b"x" * (50 * 1024 * 1024) for _ in range(60)]
+                time.sleep(2)
+                del blocks
+            return model(x)
+
+        return forward
+
+
 class Minimal:
     """Only the two required members."""
 
@@ -168,7 +189,7 @@ class Unpicklable:
         return self.wrap(model)
 
 
-ALL = [RaiseInCompile, RaiseAtFourthStep, Hang, Abort, Segfault, NanLoss, WrongNumbers, MemoryHog, Minimal, Scaled,
+ALL = [RaiseInCompile, RaiseAtFourthStep, Hang, Abort, Segfault, NanLoss, WrongNumbers, MemoryHog, SwellInSteps, Minimal, Scaled,
        RaiseOnRank1, KillRank1]
 
 

@@ -11,7 +11,8 @@ from cnncompare.plugins import load_registry
 
 pytestmark = pytest.mark.e2e
 
-FAULTS = ["raise-compile", "raise-step4", "hang", "abort", "segfault", "nan-loss", "wrong-numbers", "memory-hog", "minimal"]
+FAULTS = ["raise-compile", "raise-step4", "hang", "abort", "segfault", "nan-loss", "wrong-numbers", "memory-hog",
+          "swell-in-steps", "minimal"]
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +36,8 @@ def fault_report():
     ("nan-loss", Status.FAIL_ACCURACY, "non-finite loss at step 1"),
     ("wrong-numbers", Status.FAIL_ACCURACY, "parity: "),
     ("memory-hog", Status.OOM, "--max-memory 1500 MB"),
+    # In its measured steps, while the parent drives the warm pairs, not watches the child.
+    ("swell-in-steps", Status.OOM, "--max-memory 1500 MB"),
 ])
 def test_fault_gets_its_status_and_a_one_line_reason(fault_report, backend, status, fragment):
     r = fault_report[backend]

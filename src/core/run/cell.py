@@ -15,6 +15,7 @@ efficiency divides by, measured in the same run.
 """
 from __future__ import annotations
 
+import functools
 import os
 import random
 import shutil
@@ -22,7 +23,7 @@ import signal
 import tempfile
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ...backends import base
 from ..config import RunConfig
@@ -31,7 +32,7 @@ from ..results import CellResult
 from . import torchrun
 from .devices import DeviceSlot
 from .launch import Child, Outcome, PhaseCallback, spawn
-from .pairs import Peer, PeerLost, interleave
+from .pairs import WAKE_S, Peer, PeerLost, Stopped, interleave
 from .progress import Progress
 
 
@@ -49,21 +50,69 @@ class Pairing:
     timeout_s: float
     chunk: int = 1
     eager_samples: Optional[list[float]] = None
+    #: Whether the eager process was killed (``Child.over_memory``: checks ``--max-memory`` now).
+    eager_killed: Callable[[], bool] = lambda: False
 
-    def drive(self, peer: Peer) -> None:
-        self.eager_samples = None
+    def drive(self, peer: Peer, killed: Callable[[], bool] = lambda: False) -> None:
+        """Serve the pairs of ``peer``'s cell, ``killed`` saying whether that cell was killed.
+        While the parent drives the pairs it isn't ``_watch``ing either child, so both are held
+        to ``--max-memory`` here, about every ``WAKE_S``: while it waits on a step
+        (``Peer.waiting``) and between chunks of steps (a step that leaks would otherwise reach
+        the machine's limit first). Not more often: the look walks both process trees while the
+        other process's steps are being timed."""
+        last = time.monotonic()
+        # The processes being driven, each with its check; eager's only while it is paired.
+        watched = [(peer, killed)]
         if self.eager is not None and not self.eager.lost:
+            watched.append((self.eager, self.eager_killed))
+
+        def supervise(current: Optional[Peer] = None) -> None:
+            """Look at both processes (at most every ``WAKE_S``); stop waiting on ``current``
+            if it was killed, or between steps (``current`` None) if either was. A healthy
+            peer's step in flight is waited for, so its replies stay in step with its requests."""
+            nonlocal last
+            if time.monotonic() - last >= WAKE_S:
+                last = time.monotonic()
+                for p, check in watched:
+                    if not p.lost and check():
+                        p.lost = True
+            if any(p.lost for p, _ in watched if current is None or p is current):
+                raise Stopped("a process of the pair was killed (--max-memory)")
+
+        self.eager_samples = None
+        peers = [p for p, _ in watched]
+        for p in peers:
+            p.waiting = functools.partial(supervise, p)
+        try:
+            self._serve(peer, watched, supervise)
+        finally:
+            for p in peers:
+                p.waiting = _unwatched
+
+    def _serve(self, peer: Peer, watched: list, supervise: Callable[[], None]) -> None:
+        """``drive``'s pairs (or, without a live eager process, ``peer``'s steps alone)."""
+        if len(watched) == 2:
+            assert self.eager is not None
             try:
-                _, self.eager_samples = interleave(peer, self.eager, self.steps, self.rng, self.timeout_s, self.chunk)
+                _, self.eager_samples = interleave(peer, self.eager, self.steps, self.rng, self.timeout_s, self.chunk,
+                                                   supervise)
                 return
             except PeerLost:
                 self.eager_samples = None
                 if peer.lost:  # the backend's cell ended: its record says why
                     return
+                del watched[1:]  # eager was lost: the rest unpaired
         try:
-            peer.steps(self.steps, self.timeout_s)
+            served = 0
+            while served < self.steps:
+                served += len(peer.steps(min(self.chunk, self.steps - served), self.timeout_s))
+                supervise()
         except PeerLost:
             pass
+
+
+def _unwatched() -> None:
+    pass
 
 
 def summarize(r: CellResult) -> str:
@@ -249,7 +298,7 @@ def _measure(backend: Any, workload: Any, device: str, config: RunConfig, cell_d
         try:
             if serve and (peer := started.wait_ready()) is not None:
                 assert pairing is not None
-                pairing.drive(peer)
+                pairing.drive(peer, started.over_memory)
             return started.finish()
         finally:
             started.close()

@@ -230,12 +230,20 @@ class Child:
             self._phases.poll()
             if time.monotonic() > deadline:
                 self.killed_for = Status.TIMEOUT
-            elif self.config.max_memory_mb and tree_rss_mb(self.proc.pid) > self.config.max_memory_mb:
-                self.killed_for = Status.OOM
-            if self.killed_for:
                 kill_tree(self.proc)
+            if self.over_memory():
                 return
             time.sleep(POLL_S)
+
+    def over_memory(self) -> bool:
+        """Whether the child has been killed (a timeout, or ``--max-memory``, checked now against its
+        process tree's RSS and killing it if over). Also called between a serving cell's step
+        chunks, while the parent drives its pairs instead of ``_watch``ing it (``cell.Pairing``)."""
+        limit = self.config.max_memory_mb
+        if not self.killed_for and limit and self.proc.poll() is None and tree_rss_mb(self.proc.pid) > limit:
+            self.killed_for = Status.OOM
+            kill_tree(self.proc)
+        return self.killed_for is not None
 
     def wait_ready(self) -> Optional[Peer]:
         """The serving child's peer once it is warm; None if it ended (or was killed) first."""

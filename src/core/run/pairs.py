@@ -21,11 +21,15 @@ import shutil
 import socket
 import tempfile
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 
 class PeerLost(RuntimeError):
     """A serving cell closed its socket or stopped answering (its record says why)."""
+
+
+class Stopped(PeerLost):
+    """The parent stopped the pairs: its supervision killed one of the processes (``Peer.waiting``)."""
 
 
 class Listener:
@@ -57,6 +61,14 @@ class Listener:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def _nothing() -> None:
+    pass
+
+
+#: While the parent waits on a cell's steps it wakes this often to run ``Peer.waiting``.
+WAKE_S = 0.5
+
+
 class Peer:
     """The parent's end of one serving cell."""
 
@@ -65,13 +77,19 @@ class Peer:
         self.lost = False
         #: Steps served so far.
         self.served = 0
+        #: Run every ``WAKE_S`` while waiting for an answer (the parent's supervision of the
+        #: processes it drives; it raises ``Stopped`` to stop waiting).
+        self.waiting: Callable[[], None] = _nothing
 
     def read(self, timeout_s: float) -> dict:
         deadline = time.monotonic() + timeout_s
         while b"\n" not in self._buffer:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self._conn], [], [], left)[0]:
+            if left <= 0:
                 raise PeerLost(f"no answer within {timeout_s:g} s")
+            if not select.select([self._conn], [], [], min(left, WAKE_S))[0]:
+                self.waiting()
+                continue
             chunk = self._conn.recv(65536)
             if not chunk:
                 raise PeerLost("the cell ended")
@@ -92,6 +110,8 @@ class Peer:
             samples = [float(s) for s in self.read(timeout_s)["samples"]]
             self.served += len(samples)
             return samples
+        except Stopped:  # the parent's own decision: which peer is lost, it has said
+            raise
         except PeerLost:
             self.lost = True
             raise
@@ -123,14 +143,17 @@ def round_size(eager_step_s: float, steps: int, round_s: float) -> tuple[int, in
     return pairs, max(1, min(pairs, int(CHUNK_S / max(eager_step_s, 1e-9))))
 
 
-def interleave(backend: Peer, eager: Peer, pairs: int, rng: random.Random,
-               timeout_s: float, chunk: int = 1) -> tuple[list[float], list[float]]:
+def interleave(backend: Peer, eager: Peer, pairs: int, rng: random.Random, timeout_s: float, chunk: int = 1,
+               between: Callable[[], None] = _nothing) -> tuple[list[float], list[float]]:
     """``pairs`` step pairs, ``chunk`` steps of each peer at a time in a random order: the
-    backend's seconds and eager's, pair by pair (pair ``i`` is ``(backend[i], eager[i])``)."""
+    backend's seconds and eager's, pair by pair (pair ``i`` is ``(backend[i], eager[i])``).
+    ``between`` runs after each chunk of steps, when neither peer is stepping (the parent's
+    supervision: it raises ``Stopped`` to end the pairs)."""
     mine: list[float] = []
     theirs: list[float] = []
     while len(mine) < pairs:
         n = min(chunk, pairs - len(mine))
         for peer in ((backend, eager) if rng.random() < 0.5 else (eager, backend)):
             (mine if peer is backend else theirs).extend(peer.steps(n, timeout_s))
+            between()
     return mine, theirs
