@@ -21,7 +21,7 @@
 #      the report to commit under reports/ (as
 #      reports/<kind>-seed.*); rewritten after every cell and round 1 runs every backend
 #      before round 2 starts, so a stage cut by the budget still returns whole rounds
-#                                                                         -> cuda-seed.md/.json + 2 charts
+#                                                                         -> cuda-seed.md/.json + charts
 #   3. smoke: every backend at a tiny config, one round (max-autotune's too) -> cuda-tiny.json
 #   4. the CUDA, device and end-to-end tests with the GPU present         -> log.txt
 #

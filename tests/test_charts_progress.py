@@ -28,11 +28,16 @@ def _report():
 def test_charts_are_pngs_linked_from_the_report(tmp_path):
     report = _report()
     written = charts.write_charts(report, tmp_path / "run.md")
-    assert [name for _, name in written] == ["run-step-time.png", "run-compile-vs-step.png"]
+    assert [name for _, name in written] == ["run-speedup.png", "run-step-time.png", "run-compile-vs-step.png"]
     for _, name in written:
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = render_markdown(report, written, final=True)
-    assert "![Step time per backend](run-step-time.png)" in md and charts.PLOT_HINT not in md
+    assert "![Speedup over eager](run-speedup.png)" in md and "![Step time per backend](run-step-time.png)" in md
+    assert charts.PLOT_HINT not in md
+    # Without a speedup to draw (eager alone), no speedup chart.
+    alone = RunReport(environment={"cpu": "x", "threads": 1}, config=CONFIG, results=report.results[:1])
+    assert [name for _, name in charts.write_charts(alone, tmp_path / "alone.md")] == \
+        ["alone-step-time.png", "alone-compile-vs-step.png"]
 
 
 def test_without_matplotlib_the_report_says_how_to_get_charts(tmp_path, monkeypatch):

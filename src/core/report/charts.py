@@ -1,7 +1,9 @@
 """PNG charts beside a markdown report (needs the optional matplotlib: ``pip install cnncompare[plot]``).
 
-Two pictures: step time per backend per device with quartile error bars,
-and the break-even picture (one-off cost against step time).
+The pictures: the speedup over eager with its 95 % interval (where the run has intervals: what
+the verdict ranks by, the control's interval shaded as the noise floor), step time per backend
+per device with quartile error bars (each row's own minutes), and the break-even picture
+(one-off cost against step time).
 """
 from __future__ import annotations
 
@@ -10,8 +12,11 @@ from typing import Optional
 
 from ..records import Status
 from ..results import RunReport
-from ..stats import one_off_cost
+from ..stats import CONFIDENCE, CONTROL, one_off_cost
 from .wording import STEP_UNIT, plural
+
+#: Where the speedup chart's log axis is labelled (those inside its range).
+SPEEDUP_TICKS = (0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.5, 1.7, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0)
 
 PLOT_HINT = "Charts: `pip install 'cnncompare[plot]'` (matplotlib) and rerun to get PNG charts beside this report."
 
@@ -36,6 +41,7 @@ def write_charts(report: RunReport, md_path: Path) -> Optional[list[tuple[str, s
 
     matplotlib.use("Agg")  # no display; never opens a window
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     rows = _ok_rows(report)
     if not rows:
@@ -44,11 +50,53 @@ def write_charts(report: RunReport, md_path: Path) -> Optional[list[tuple[str, s
     written = []
 
     step = STEP_UNIT[report.config.mode]
-
-    # 1. Step time per backend, grouped by device, fastest first, quartile error bars.
-    labels, medians, lows, highs, colors = [], [], [], [], []
     devices = list(dict.fromkeys(r.device for r in rows))
     palette = plt.get_cmap("tab10")
+
+    # 1. The speedup over eager with its interval, per device, largest first: the figure the
+    # verdict ranks by (step times come from each row's own minutes; the speedups pair them).
+    ranked = [r for r in rows if r.status == Status.OK and r.speedup_ci and r.speedup_vs_eager
+              and r.backend != "eager"]
+    if ranked:
+        fig, ax = plt.subplots(figsize=(8, 0.42 * len(ranked) + 1.8))
+        i = 0
+        for d_index, device in enumerate(devices):
+            mine = sorted((r for r in ranked if r.device == device), key=lambda r: -(r.speedup_vs_eager or 0))
+            control = next((r for r in mine if r.backend == CONTROL), None)
+            if control is not None and control.speedup_ci:
+                floor_low, floor_high = control.speedup_ci
+                ax.axvspan(floor_low, floor_high, color=palette(d_index % 10), alpha=0.12, lw=0)
+            for r in mine:
+                assert r.speedup_vs_eager is not None and r.speedup_ci is not None
+                low, high = r.speedup_ci
+                ax.errorbar(r.speedup_vs_eager, i, xerr=[[r.speedup_vs_eager - low], [high - r.speedup_vs_eager]],
+                            fmt="o", color=palette(d_index % 10), capsize=3)
+                star = "*" if r.target_reached is False else ""
+                ax.annotate(f"{r.speedup_vs_eager:.2f}x{star}", (high, i), xytext=(6, 0), textcoords="offset points",
+                            va="center", fontsize=8)
+                i += 1
+        ax.set_yticks(range(i), [f"{r.backend} · {r.device}" for d in devices for r in
+                                 sorted((r for r in ranked if r.device == d), key=lambda r: -(r.speedup_vs_eager or 0))])
+        ax.invert_yaxis()
+        ax.axvline(1.0, color="black", lw=0.8)
+        ax.set_xscale("log")
+        left, right = ax.get_xlim()
+        ax.set_xlim(left, right * 1.08)  # room for the labels
+        ax.set_xticks([v for v in SPEEDUP_TICKS if left <= v <= right * 1.08] or [1.0])
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel(f"speedup over eager (> 1x is faster; log scale), {CONFIDENCE:.0%} interval\n"
+                      f"shaded: the noise floor ({CONTROL}, eager against itself)")
+        ax.set_title("Speedup over eager, step pair by step pair\n(* interval wider than --target)", fontsize=11)
+        ax.grid(axis="x", alpha=0.3, which="both")
+        fig.tight_layout()
+        name = f"{stem.name}-speedup.png"
+        fig.savefig(stem.parent / name, dpi=110)
+        plt.close(fig)
+        written.append(("Speedup over eager", name))
+
+    # 2. Step time per backend, grouped by device, fastest first, quartile error bars.
+    labels, medians, lows, highs, colors = [], [], [], [], []
     for d_index, device in enumerate(devices):
         for r in sorted((r for r in rows if r.device == device), key=lambda r: r.step_s.median):
             mark = "" if r.status == Status.OK else " (wrong numbers)"
@@ -78,7 +126,7 @@ def write_charts(report: RunReport, md_path: Path) -> Optional[list[tuple[str, s
     plt.close(fig)
     written.append(("Step time per backend", name))
 
-    # 2. Break-even: one-off cost (stats.one_off_cost, what break-even repays) against step time.
+    # 3. Break-even: one-off cost (stats.one_off_cost, what break-even repays) against step time.
     fig, ax = plt.subplots(figsize=(8, 5.5))
     for d_index, device in enumerate(devices):
         pts = [r for r in rows if r.device == device]
