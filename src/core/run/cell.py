@@ -32,7 +32,7 @@ from ..results import CellResult
 from . import torchrun
 from .devices import DeviceSlot
 from .launch import Child, Outcome, PhaseCallback, spawn
-from .pairs import WAKE_S, Peer, PeerLost, Stopped, interleave
+from .pairs import WAKE_S, Peer, PeerLost, Stopped, interleave, unsupervised
 from .progress import Progress
 
 
@@ -50,7 +50,7 @@ class Pairing:
     timeout_s: float
     chunk: int = 1
     eager_samples: Optional[list[float]] = None
-    #: Whether the eager process was killed (``Child.over_memory``: checks ``--max-memory`` now).
+    #: Whether the eager process was killed (``Child.killed``: checks ``--max-memory`` now).
     eager_killed: Callable[[], bool] = lambda: False
 
     def drive(self, peer: Peer, killed: Callable[[], bool] = lambda: False) -> None:
@@ -87,7 +87,7 @@ class Pairing:
             self._serve(peer, watched, supervise)
         finally:
             for p in peers:
-                p.waiting = _unwatched
+                p.waiting = unsupervised
 
     def _serve(self, peer: Peer, watched: list, supervise: Callable[[], None]) -> None:
         """``drive``'s pairs (or, without a live eager process, ``peer``'s steps alone)."""
@@ -109,10 +109,6 @@ class Pairing:
                 supervise()
         except PeerLost:
             pass
-
-
-def _unwatched() -> None:
-    pass
 
 
 def summarize(r: CellResult) -> str:
@@ -298,7 +294,7 @@ def _measure(backend: Any, workload: Any, device: str, config: RunConfig, cell_d
         try:
             if serve and (peer := started.wait_ready()) is not None:
                 assert pairing is not None
-                pairing.drive(peer, started.over_memory)
+                pairing.drive(peer, started.killed)
             return started.finish()
         finally:
             started.close()

@@ -231,14 +231,14 @@ class Child:
             if time.monotonic() > deadline:
                 self.killed_for = Status.TIMEOUT
                 kill_tree(self.proc)
-            if self.over_memory():
+            if self.killed():
                 return
             time.sleep(POLL_S)
 
-    def over_memory(self) -> bool:
-        """Whether the child has been killed (a timeout, or ``--max-memory``, checked now against its
-        process tree's RSS and killing it if over). Also called between a serving cell's step
-        chunks, while the parent drives its pairs instead of ``_watch``ing it (``cell.Pairing``)."""
+    def killed(self) -> bool:
+        """Whether the child has been killed: for a timeout, or for ``--max-memory``, which this
+        checks now against its process tree's RSS (killing it if over). Also called while the
+        parent drives a serving cell's pairs instead of ``_watch``ing it (``cell.Pairing``)."""
         limit = self.config.max_memory_mb
         if not self.killed_for and limit and self.proc.poll() is None and tree_rss_mb(self.proc.pid) > limit:
             self.killed_for = Status.OOM

@@ -198,7 +198,7 @@ class _Run:
                 try:
                     pairs, chunk = round_size(_eager_step_s(self.report, slot.name), config.steps, config.round_s)
                     pairing = Pairing(eager.wait_ready(), pairs, random.Random(f"{config.seed}:{slot.name}:{k}"),
-                                      config.timeout_s, chunk, eager_killed=eager.over_memory)
+                                      config.timeout_s, chunk, eager_killed=eager.killed)
                     self.cost["eager"] = time.perf_counter() - start
                     for name in due:
                         reference_s = self._fold(self._cell(name, slot, k, pairing), k, reference_s)

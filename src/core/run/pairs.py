@@ -61,8 +61,8 @@ class Listener:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _nothing() -> None:
-    pass
+def unsupervised() -> None:
+    """No supervision: the default ``Peer.waiting`` and ``interleave``'s ``between``."""
 
 
 #: While the parent waits on a cell's steps it wakes this often to run ``Peer.waiting``.
@@ -79,7 +79,7 @@ class Peer:
         self.served = 0
         #: Run every ``WAKE_S`` while waiting for an answer (the parent's supervision of the
         #: processes it drives; it raises ``Stopped`` to stop waiting).
-        self.waiting: Callable[[], None] = _nothing
+        self.waiting: Callable[[], None] = unsupervised
 
     def read(self, timeout_s: float) -> dict:
         deadline = time.monotonic() + timeout_s
@@ -144,7 +144,7 @@ def round_size(eager_step_s: float, steps: int, round_s: float) -> tuple[int, in
 
 
 def interleave(backend: Peer, eager: Peer, pairs: int, rng: random.Random, timeout_s: float, chunk: int = 1,
-               between: Callable[[], None] = _nothing) -> tuple[list[float], list[float]]:
+               between: Callable[[], None] = unsupervised) -> tuple[list[float], list[float]]:
     """``pairs`` step pairs, ``chunk`` steps of each peer at a time in a random order: the
     backend's seconds and eager's, pair by pair (pair ``i`` is ``(backend[i], eager[i])``).
     ``between`` runs after each chunk of steps, when neither peer is stepping (the parent's
