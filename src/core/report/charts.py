@@ -59,7 +59,7 @@ def write_charts(report: RunReport, md_path: Path) -> Optional[list[tuple[str, s
               and r.backend != "eager"]
     if ranked:
         fig, ax = plt.subplots(figsize=(8, 0.42 * len(ranked) + 1.8))
-        i = 0
+        names: list[str] = []
         for d_index, device in enumerate(devices):
             mine = sorted((r for r in ranked if r.device == device), key=lambda r: -(r.speedup_vs_eager or 0))
             control = next((r for r in mine if r.backend == CONTROL), None)
@@ -69,14 +69,14 @@ def write_charts(report: RunReport, md_path: Path) -> Optional[list[tuple[str, s
             for r in mine:
                 assert r.speedup_vs_eager is not None and r.speedup_ci is not None
                 low, high = r.speedup_ci
-                ax.errorbar(r.speedup_vs_eager, i, xerr=[[r.speedup_vs_eager - low], [high - r.speedup_vs_eager]],
+                at = len(names)
+                ax.errorbar(r.speedup_vs_eager, at, xerr=[[r.speedup_vs_eager - low], [high - r.speedup_vs_eager]],
                             fmt="o", color=palette(d_index % 10), capsize=3)
                 star = "*" if r.target_reached is False else ""
-                ax.annotate(f"{r.speedup_vs_eager:.2f}x{star}", (high, i), xytext=(6, 0), textcoords="offset points",
+                ax.annotate(f"{r.speedup_vs_eager:.2f}x{star}", (high, at), xytext=(6, 0), textcoords="offset points",
                             va="center", fontsize=8)
-                i += 1
-        ax.set_yticks(range(i), [f"{r.backend} · {r.device}" for d in devices for r in
-                                 sorted((r for r in ranked if r.device == d), key=lambda r: -(r.speedup_vs_eager or 0))])
+                names.append(f"{r.backend} · {device}")
+        ax.set_yticks(range(len(names)), names)
         ax.invert_yaxis()
         ax.axvline(1.0, color="black", lw=0.8)
         ax.set_xscale("log")

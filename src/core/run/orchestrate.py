@@ -25,7 +25,7 @@ from ...plugins import Registry
 from ..config import RunConfig
 from ..records import Status
 from ..results import CellResult, RoundInfo, RunReport
-from ..stats import StepStats, half_width
+from ..stats import StepStats, half_width, measured_rounds
 from .cell import Pairing, _result, _row_fields, ensure_reference, run_cell, summarize, unavailable
 from .devices import DeviceSlot
 from .launch import SERVER, Child
@@ -232,7 +232,7 @@ class _Run:
         an interval over rounds narrows as 1 / √rounds, most from the second round to the third,
         so every row gets a third round before any gets a fourth."""
         rows = [r for r in self.report.rows(slot.name) if r.target_reached is False and r.speedup_ci]
-        rows.sort(key=lambda r: (sum(1 for m in r.rounds or [] if m is not None),
+        rows.sort(key=lambda r: (measured_rounds(r),
                                  -half_width(r.speedup_vs_eager or 1.0, *(r.speedup_ci or [1.0, 1.0]))))
         left = deadline - time.monotonic() - self._cost("eager", slot)
         due = []

@@ -16,6 +16,7 @@ from .figures import (
     kernel_share_hint,
     later_round_s,
     measured_precision,
+    measured_rounds,
     memory_ratio,
     one_off_cost,
     one_off_peak,
@@ -53,7 +54,7 @@ from .verdict import CONTROL, Verdict, verdict
 __all__ = ["BOOTSTRAP_RESAMPLES", "CONFIDENCE", "CONTROL", "DEFAULT_ALPHA", "KERNEL_SHARE_HINT",
            "LATENCY_PERCENTILES", "MIN_PAIRED_ROUNDS", "NOISE_THRESHOLD", "PairedRounds", "ParityCost", "Pooled", "Rounds",
            "StepStats", "T_INTERVAL_MIN_ROUNDS", "TargetCost", "Verdict", "derive", "half_width", "kernel_share",
-           "kernel_share_hint", "later_round_s", "measured_precision", "memory_ratio", "one_off_cost", "one_off_peak", "paired_of",
+           "kernel_share_hint", "later_round_s", "measured_precision", "measured_rounds", "memory_ratio", "one_off_cost", "one_off_peak", "paired_of",
            "paired_ratio", "paired_speedup", "parity_cost", "quartiles_overlap", "round_medians", "round_prior", "rounds_of",
            "rounds_test", "rounds_to_target", "sentinel_spread", "slowest", "speedup_interval", "target_cost",
            "typical_step_s", "verdict"]

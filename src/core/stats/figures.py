@@ -111,11 +111,16 @@ def speedup_of(eager: "CellResult", r: "CellResult", prior: Optional[Pooled] = N
     return speedup_interval(rounds_of(eager), rounds_of(r))
 
 
+def measured_rounds(r: "CellResult") -> int:
+    """How many of a row's rounds measured steps (a failed or sat-out round has none)."""
+    return sum(1 for m in r.rounds or [] if m is not None)
+
+
 def later_round_s(r: "CellResult") -> Optional[float]:
     """What one more round of a row costs, in wall seconds: its wall time over its rounds, less
     what round 1's cold compile and first step took beyond a later round's (warm cache). None
     without two measured rounds (no warm one to compare with)."""
-    measured = sum(1 for s in r.round_samples or [] if s)
+    measured = measured_rounds(r)
     if r.wall_s is None or measured < 2:
         return None
     cold_extra = 0.0
@@ -145,7 +150,7 @@ def target_cost(rows: Sequence["CellResult"], target_pct: float) -> Optional[Tar
         return None
     extra, widest = 0.0, (0, "")
     for r in short:
-        cost, measured = later_round_s(r), sum(1 for s in r.round_samples or [] if s)
+        cost, measured = later_round_s(r), measured_rounds(r)
         if cost is None:
             return None
         assert r.speedup_vs_eager is not None and r.speedup_ci is not None
