@@ -36,12 +36,50 @@ def _run(workload: WorkloadSpec, backends, registry=None, batch_size=TINY["batch
     return {r.backend: r for r in report.results}, report
 
 
+#: Plain torch, no cnncompare: three steps of the resnet workload's model at batch 2, 8x8, one thread,
+#: in channels-last and in the default layout from the same weights and batches; exits 0 when their
+#: gradients agree.
+_NHWC_CHECK = """
+import torch
+from cnncompare.workloads.resnet import ResNet18
+torch.set_num_threads(1)
+grads = []
+for layout in (torch.contiguous_format, torch.channels_last):
+    torch.manual_seed(0)
+    model = ResNet18(width=4).to(memory_format=layout)
+    for step in range(3):
+        model.zero_grad()
+        x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(step)).contiguous(memory_format=layout)
+        torch.nn.functional.cross_entropy(model(x), torch.tensor([1, 2])).backward()
+    grads.append([p.grad.clone() for p in model.parameters()])
+worst = max(((a - b).norm() / b.norm().clamp_min(1e-12)).item() for a, b in zip(*grads))
+raise SystemExit(0 if worst < 0.01 else 1)
+"""
+
+
+def _torch_nhwc_backward_is_wrong_here() -> bool:
+    """Whether this torch's CPU channels-last convolution backward crashes or computes other gradients
+    than the default layout at the size above. Seen with torch 2.13.0+cpu on an AMD EPYC (AVX2): heap
+    corruption inside oneDNN's mkldnn_convolution_backward_weights ("double free or corruption") with
+    one thread, a BatchNorm bias gradient 29 % off with two."""
+    import subprocess
+
+    return subprocess.run([sys.executable, "-c", _NHWC_CHECK], capture_output=True, timeout=120).returncode != 0
+
+
 @pytest.mark.e2e
 def test_resnet_trains_under_the_builtins_with_parity_at_batch_2():
     """The smallest batch a user may try, where a correct change of rounding moves a BatchNorm
     gradient most (every built-in at batch 2, 8 and 32 on every workload: bench/parity_sizes.py)."""
     rows, _ = _run(WorkloadSpec("resnet", {"image_size": 8, "width": 4}, "image"),
                    ["eager", "eager-fused", "channels-last", "jit-script", "compile"], batch_size=2, compile_threads=2)
+    if _torch_nhwc_backward_is_wrong_here():
+        # channels-last, and compile (inductor lays the CPU's convolutions out channels-last), run torch's
+        # broken kernel: heap corruption may crash the cell, corrupt a gradient (parity fails) or miss.
+        for name in ("channels-last", "compile"):
+            r = rows.pop(name)
+            assert r.status in (Status.CRASHED, Status.FAIL_ACCURACY) or (r.status == Status.OK and r.parity.passed), \
+                (name, r.status, r.error)
     for name, r in rows.items():
         assert r.status == Status.OK and r.parity.passed, (name, r.error)
         assert r.parity.margin < 0.5 and r.gflop_per_step > 0 and r.images_per_s > 0, (name, r.parity.worst_tensor, r.parity.margin)
