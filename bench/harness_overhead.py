@@ -1,9 +1,9 @@
 """Does the cell time what the user's own training loop gets? The two interleaved, as pairs.
 
-    python bench/harness_overhead.py                          # batch 32 and 128, the seed CNN
+    python bench/harness_overhead.py                          # batch 32 and 128, seed-cnn
     python bench/harness_overhead.py --batch-size 8 --image-size 8 --rounds 2 --pairs 3   # a smoke run
 
-A plain training loop (``plain_loop.py``: the seed CNN, Adam, ``zero_grad``, a new batch every
+A plain training loop (``plain_loop.py``: seed-cnn, Adam, ``zero_grad``, a new batch every
 step, ``perf_counter`` around each step) and cnncompare's eager cell (a child of its fork
 server, as in a run) are both started warm and alternated step by step, in a random order
 inside each pair, the method ``cnncompare`` uses for its speedups (``run/pairs.py``). Several

@@ -1,6 +1,6 @@
 """Could eager and the backend be paired inside one process, so each process's own speed cancels?
 
-    python bench/in_process_pairing.py                                   # eager-fused, seed config
+    python bench/in_process_pairing.py                                   # eager-fused, default config
     python bench/in_process_pairing.py --backends eager-fused --processes 2 --pairs 8 --batch-size 16   # smoke
 
 cnncompare pairs a backend's cell with a separate eager process (``run/pairs.py``), and a

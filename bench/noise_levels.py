@@ -1,6 +1,6 @@
 """Where does a paired speedup's noise live: in the steps, in time, or in the processes?
 
-    python bench/noise_levels.py                                   # eager against eager (A/A), seed config
+    python bench/noise_levels.py                                   # eager against eager (A/A), default config
     python bench/noise_levels.py --backend eager-fused --processes 3 --pairs 24
     python bench/noise_levels.py --batch-size 8 --image-size 8 --processes 2 --pairs 8   # a smoke run
 

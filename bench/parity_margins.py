@@ -1,4 +1,4 @@
-"""Parity's margins at the seed config: every correct backend passes with room, every wrong one fails.
+"""Parity's margins at the default config: every correct backend passes with room, every wrong one fails.
 
     python bench/parity_margins.py [--out reports/parity-margins.md] [--only PATTERN,...]
 
@@ -77,7 +77,7 @@ def main(argv: list[str]) -> int:
     import torch
 
     args.out.write_text(
-        f"# Parity margins at the seed config\n\n`python bench/parity_margins.py` on this project's 2-core CPU machine, "
+        f"# Parity margins at the default config\n\n`python bench/parity_margins.py` on this project's 2-core CPU machine, "
         f"torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
         f"{time.perf_counter() - start:.0f} s: batch 128, 28x28, 3 warm-up + 5 measured steps, one round. The "
         f"reference (float64, fp32 and its perturbed twins, bf16 twice) took "

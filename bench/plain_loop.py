@@ -1,11 +1,11 @@
-"""A user's own training loop of the seed CNN, served step by step: what the cell must match.
+"""A user's own training loop of seed-cnn, served step by step: what the cell must match.
 
     python bench/plain_loop.py SOCKET BATCH IMAGE_SIZE THREADS SEED [preload]
 
 ``preload``: import what cnncompare's fork server imports before any cell (torch._dynamo,
 inductor's compiler) first, as a script that uses ``torch.compile`` somewhere would.
 
-Nothing of cnncompare's step, data or timing: the model (the seed CNN's definition), Adam,
+Nothing of cnncompare's step, data or timing: the model (seed-cnn's definition), Adam,
 ``zero_grad``, forward, NLL loss, backward, ``step``, and a new batch every step, made
 before the clock starts, as a data loader hands one over. Each step is timed with
 ``perf_counter``. It answers the same line protocol as a serving cell (``{"ready": pid}``, then

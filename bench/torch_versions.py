@@ -10,7 +10,7 @@ cnncompare and the amp plugin as ``make`` does (``.[test,plot]``) from a copy of
 checked out (``git archive HEAD``: edits made while it runs don't leak in), and runs:
 
 1. every backend in ``--backends all`` end to end on the CPU at a tiny config (one round), and
-2. the test suite (``pytest -q``), the one CI runs less its seed-config test (``PYTEST``),
+2. the test suite (``pytest -q``), the one CI runs less its default-config test (``PYTEST``),
 
 and writes one row per release to ``bench/results/torch-versions.json`` (kept between runs, so
 one release can be rerun alone) and the table to ``reports/torch-versions.md``. Each venv holds
@@ -38,7 +38,7 @@ RESULTS = ROOT / "bench" / "results" / "torch-versions.json"
 TABLE = ROOT / "reports" / "torch-versions.md"
 VERSIONS = [f"2.{minor}" for minor in range(6, 16)]
 MIN_FREE_GB = 12.0  # a CUDA build of torch in a venv is about 5.5 GB, plus pip's unpacking
-#: The suite CI runs, less its one seed-config test (2-3 minutes of full-size parity runs, the
+#: The suite CI runs, less its one default-config test (2-3 minutes of full-size parity runs, the
 #: same on every torch; CI runs it): ten releases must fit in one session on 2 cores.
 PYTEST = ["-q", "-p", "no:cacheprovider", "--deselect",
           "tests/test_parity_catches.py::test_wrong_backends_fail_and_correct_ones_pass_with_margin_at_the_seed_config"]
@@ -156,7 +156,7 @@ def table(rows: dict[str, dict]) -> str:
         "**Backends**: `cnncompare --backends all --devices cpu` at a tiny config (batch 4, 8x8 images,",
         "3 steps, 1 warm-up, 1 round), the amp plugin installed; `ok` counts rows that ran with parity",
         "passed, built-ins apart from the amp plugin's rows. **Tests**: the suite CI runs (`pytest -q`),",
-        "with that torch, less its one seed-config test (full-size parity runs; CI runs it on 2.13).",
+        "with that torch, less its one default-config test (full-size parity runs; CI runs it on 2.13).",
         "CUDA-only rows are skipped on a CPU and are not counted.",
         "",
         "| torch | python | commit | date | built-ins ok | built-ins not ok | amp plugin ok | tests | "

@@ -178,7 +178,7 @@ def test_dry_run_prints_the_plan_and_an_estimate_from_an_earlier_run_and_runs_no
             "--dry-run", "--output", str(tmp_path / "runs" / "r.md")]
     code, out, _ = _run(capsys, *argv)
     assert code == 0 and "cpu: 2 cells x 2 rounds: eager, eager-control" in out
-    assert "skipped: compile-reduce-overhead (mode='reduce-overhead' records CUDA graphs" in out
+    assert "skipped compile-reduce-overhead (mode='reduce-overhead' records CUDA graphs" in out
     assert "Estimated time: unknown" in out and not (tmp_path / "runs").exists()
     workload = WorkloadSpec("seed-cnn", {"image_size": 8, "in_channels": 3, "num_classes": 10}, "image")
     earlier = RunReport(environment={"cpu": "CPU A"}, config=RunConfig(batch_size=4, workload=workload, rounds=1),

@@ -1,6 +1,6 @@
 """The CUDA half end to end: only with a GPU (the declared ``cuda`` marker); skipped cleanly without.
 
-Run by bench/gpu_check.sh on a lent GPU machine. CI has no GPU: there every test here skips.
+Run by bench/gpu_check.sh on a GPU machine. CI has no GPU: there every test here skips.
 """
 import pytest
 import torch

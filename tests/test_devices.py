@@ -94,7 +94,7 @@ def test_the_bf16_peak_is_probed_in_bf16_and_cached_beside_fp32s(tmp_path):
 
     data = json.loads((tmp_path / "roofline.json").read_text())
     assert data["peaks"] == {"fp32": fp32, "bf16": bf16}
-    assert 0.05 < data["conv_share"] < 0.95  # the seed CNN: convolutions and two linear layers
+    assert 0.05 < data["conv_share"] < 0.95  # seed-cnn: convolutions and two linear layers
 
 
 def test_compile_workers_memory_is_sampled_from_the_process_tree():

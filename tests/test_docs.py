@@ -26,7 +26,7 @@ def test_every_hook_has_a_test():
 
 
 def test_every_optional_member_is_documented_in_the_guide_and_the_protocol():
-    helpers = {"description", "unavailable_reason", "min_warmup", "parity_rtol", "in_all"}
+    helpers = {"description", "use_it", "unavailable_reason", "min_warmup", "parity_rtol", "in_all"}
     members = helpers | {"compile_step", "make_train_step", "make_optimizer", "prepare_input"}
     for member in members:
         assert f"`{member}" in GUIDE, member
@@ -140,3 +140,96 @@ def test_the_reports_index_is_generated_from_the_committed_json_and_current():
     spec.loader.exec_module(index)
     assert len(index.rows()) >= 20
     assert index.main(["--check"]) == 0, "run: python bench/reports_index.py"
+
+
+def _shell_blocks(text: str) -> list[str]:
+    return re.findall(r"```sh\n(.*?)```", text, flags=re.S)
+
+
+def test_every_cnncompare_command_in_the_readme_parses_and_names_real_flags():
+    import shlex
+
+    from cnncompare.cli.parser import build_parser, normalize
+
+    readme = (ROOT / "README.md").read_text()
+    commands = [line.split("  #")[0].strip() for block in _shell_blocks(readme) for line in block.splitlines()
+                if line.startswith("cnncompare")]
+    commands += re.findall(r"`(cnncompare [^`]*)`", readme)
+    assert len(commands) > 10 and "cnncompare --backends all" in commands
+    placeholders = {"BASE.json": "a.json", "NEW.json": "b.json", "A.json": "a.json", "B.json": "b.json",
+                    "PATH.json": "x.json", "SECONDS": "60", "TOPIC": "reading"}
+    parser = build_parser()
+    parsed = 0
+    for command in commands:
+        if "[" in command:  # a synopsis (`cnncompare [run] [options]`), not a command
+            continue
+        argv = [placeholders.get(a, a) for a in shlex.split(command)[1:]]
+        args = parser.parse_args(normalize(argv))  # a UsageError names what doesn't parse
+        assert args.command in ("run", "list", "compare", "report", "docs"), command
+        parsed += 1
+    assert parsed > 10
+
+
+def test_the_readme_quickstart_goes_from_a_clone_to_a_verdict_in_order():
+    readme = (ROOT / "README.md").read_text()
+    quickstart = _shell_blocks(readme.split("## Quickstart", 1)[1])[0]
+    steps = ["git clone", "python3 -m venv", "pip install torch --index-url https://download.pytorch.org/whl/cpu",
+             "pip install -e .", "cnncompare --workload examples/my_model.py:build"]
+    where = [quickstart.index(step) for step in steps]
+    assert where == sorted(where), quickstart
+
+
+#: A speedup with its interval, as reports print it: 1.39x [1.30, 1.48].
+SPEEDUP = re.compile(r"(\d+\.\d\d)[x×] \[(\d+\.\d\d), (\d+\.\d\d)\]")
+
+
+def _normalized(text: str) -> str:
+    return " ".join(text.replace("×", "x").split())
+
+
+def _reports_linked(page: Path, text: str) -> list[Path]:
+    return [page.parent / link for link in re.findall(r"\]\(([^)#\s]*reports/[^)#\s]+\.md)", text)]
+
+
+def test_figures_in_readme_and_docs_agree_with_the_report_they_cite():
+    """A paragraph that links a report quotes it: a blockquote is the text of the report the paragraph
+    before links, and each speedup with its interval appears in a report its paragraph (or, for a
+    table or a quote, the paragraph that introduces it) links."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    checked = 0
+    for page in pages:
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        paragraphs = re.split(r"\n\s*\n", text)
+        for i, paragraph in enumerate(paragraphs):
+            cited = _reports_linked(page, paragraph)
+            if paragraph.lstrip().startswith(">"):  # a quote cites the paragraph before it
+                cited = _reports_linked(page, paragraphs[i - 1])
+                assert cited, f"{page.name}: a quote without the report it comes from: {paragraph[:80]}"
+                quote = _normalized(re.sub(r"^\s*> ?", "", paragraph, flags=re.M))
+                assert any(quote in _normalized(c.read_text()) for c in cited), f"{page.name}: {quote[:100]}"
+                checked += 1
+                continue
+            if paragraph.lstrip().startswith("|"):  # a table: introduced by the paragraph before it
+                cited += _reports_linked(page, paragraphs[i - 1])
+            if not cited:
+                continue
+            reports = " ".join(_normalized(c.read_text()) for c in cited)
+            for figure in SPEEDUP.finditer(_normalized(paragraph)):
+                assert f"{figure[1]}x [{figure[2]}, {figure[3]}]" in reports, f"{page.name}: {figure[0]} is not in {cited}"
+                checked += 1
+    assert checked >= 3
+
+
+def test_the_figure_check_can_fail(tmp_path):
+    report = tmp_path / "reports" / "r.md"
+    report.parent.mkdir()
+    report.write_text("- **cpu**: pick **x**, 1.26x [1.21, 1.30] eager.")
+    assert SPEEDUP.search(_normalized("it picked x at 1.26× [1.21, 1.30]"))
+    assert "1.27x [1.21, 1.30]" not in _normalized(report.read_text())
+
+
+def test_reading_md_holds_the_legend_the_reports_print():
+    from cnncompare.core.report.legend import with_legend
+
+    page = (ROOT / "docs" / "reading.md").read_text()
+    assert with_legend(page) == page, "run: python -m cnncompare.core.report.legend docs/reading.md"

@@ -201,7 +201,7 @@ def test_interleave_alternates_one_step_each_in_a_random_order_and_a_lost_peer_s
 
 
 def test_fast_steps_get_more_pairs_in_chunks_and_slow_ones_keep_steps_one_at_a_time():
-    assert round_size(0.6, 4, 2.0) == (4, 1)  # the seed CNN: --steps pairs, step by step
+    assert round_size(0.6, 4, 2.0) == (4, 1)  # seed-cnn: --steps pairs, step by step
     assert round_size(0.01, 4, 2.0) == (200, 5)  # 2 s of 10 ms steps, 50 ms at a time
     assert round_size(1e-5, 4, 2.0) == (MAX_PAIRS, MAX_PAIRS)
     assert round_size(0.01, 4, 0.0) == (4, 4)  # --round-time 0: --steps pairs

@@ -2,7 +2,7 @@
 
 Each wrong backend (tests/wrong_backends.py) is written from the documented contract only. The
 tiny config runs whole cells in child processes, as a user's run does, long enough (8 steps)
-for a backend that stops training after step 4 to show. The same backends at the seed study's
+for a backend that stops training after step 4 to show. The same backends at the default
 config (batch 128, 28x28), where the correct built-ins' margins are held to at most half their
 limit, are bench/parity_margins.py's (output committed in reports/parity-margins.md): its float64
 reference alone takes a minute on 2 cores, more than the suite's budget gives one test.

@@ -59,7 +59,7 @@ def test_markdown_is_safe_from_what_plugins_print():
     assert "ev\\|il name \\`x\\` &lt;script&gt;" in md
     for line in md.splitlines():
         if line.startswith("| ev"):
-            assert line.count("|") - line.count("\\|") == 12  # 11 columns, no extra cell
+            assert line.count("|") - line.count("\\|") == 8  # the main table's 7 columns, no extra cell
     assert "````text\n``` closing fence" in md  # the fence outgrows the backticks inside
 
 
@@ -170,7 +170,7 @@ def test_an_inference_report_speaks_of_forwards_and_shows_a_tiny_margin():
     report = RunReport(environment=dict(ENV), config=replace(CONFIG, mode="inference", batch_size=1),
                        results=[eager, quick])
     md = render_markdown(report)
-    assert "batch 1 image," in md and "repaid after 1 forward." in md
+    assert "- **batch**: 1 image\n" in md and "repaid after 1 forward." in md
     legend = md.split("## How to read this")[1].split("## Environment")[0]
     assert "training" not in legend.split("**scaling efficiency**")[0]  # step, first step, break-even
     assert "one forward of the batch" in legend and "the backend's forward against float64 eager's" in legend

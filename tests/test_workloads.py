@@ -60,7 +60,7 @@ def test_a_second_workload_registered_through_the_hook_runs_end_to_end():
         assert r.parity is not None and r.parity.passed, r.error
         assert r.gflop_per_step and r.gflop_per_step > 0 and r.images_per_s
     md = render_markdown(report)
-    assert "Workload **toy-mlp** (features 8)" in md and "vectors/s" in md
+    assert "- **workload**: **toy-mlp** (features 8" in md and "vectors/s" in md
 
 
 def test_duplicate_workload_name_names_both_plugins():

@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # torch is imported lazily: `cnncompare --help` should not pa
 #: the measurements behind it): the room a correct fp32 algorithm change needs beyond fp32
 #: eager's own error, well under the 10 % gradient error and the skipped update that must fail.
 #: The largest such change measured: channels-last's NHWC convolutions on the CPU put the
-#: first step's gradient of the seed CNN's largest weight 0.36 % off float64 (fp32 eager's:
+#: first step's gradient of seed-cnn's largest weight 0.36 % off float64 (fp32 eager's:
 #: 3e-7), so 1 % leaves it at about a third of its limit.
 DEFAULT_PARITY_RTOL = 1e-2
 
@@ -54,6 +54,12 @@ class Backend(Protocol):
 
     ``description: str`` [``""``]
         One line for ``--list`` and the report.
+    ``use_it: str`` [the description, with where it comes from]
+        The code a user writes to get what the row measured, in one line:
+        ``torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)``,
+        ``model = torch.compile(model)``. ``{device}`` in it stands for the
+        device's type (``cpu``, ``cuda``). The summary prints the pick's;
+        ``cnncompare list backends`` shows every backend's.
     ``unavailable_reason(device) -> str | None`` [always ``None``]
         ``None`` when the backend can run on ``device``; otherwise why not.
         Cells it refuses are reported as ``skipped`` with that reason.
@@ -177,6 +183,17 @@ def configure(backend: Any, options: "Mapping[str, Any]") -> None:
 
 def description(backend: Any) -> str:
     return str(getattr(backend, "description", "") or "")
+
+
+def use_it(backend: Any, device: str = "{device}", plugin: Optional[str] = None) -> str:
+    """The backend's ``use_it`` line with ``{device}`` as ``device``'s type; without one, its
+    description and the plugin to read about it (a plugin need not declare the line)."""
+    line = str(getattr(backend, "use_it", "") or "")
+    if line:
+        return line.replace("{device}", device.split(":", 1)[0])
+    where = f"plugin {plugin!r}" if plugin else "its plugin"
+    about = description(backend)
+    return f"(no code line declared; see {where}'s documentation{': ' + about if about else ''})"
 
 
 def unavailable_reason(backend: Any, device: "torch.device") -> Optional[str]:

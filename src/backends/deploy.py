@@ -25,6 +25,7 @@ class JitFreeze:
     name = "jit-freeze"
     description = ("torch.jit.trace, torch.jit.freeze (weights and attributes inlined as constants) and "
                    "torch.jit.optimize_for_inference (conv+BatchNorm folding, oneDNN layouts on the CPU)")
+    use_it = 'model = torch.jit.optimize_for_inference(torch.jit.freeze(torch.jit.trace(model.eval(), example_batch)))'
     modes = ("inference",)
     # The profiling executor specialises on the first runs, as for jit-trace.
     min_warmup = 2
@@ -38,6 +39,7 @@ class CompileFreezing:
     name = "compile-freezing"
     description = ("torch.compile(model, options={'freezing': True}): inductor treats the weights as "
                    "constants (folds BatchNorm into the convolutions, pre-packs weights); compiles lazily")
+    use_it = 'model = torch.compile(model.eval(), options={"freezing": True})'
     modes = ("inference",)
 
     def compile(self, model, example, device):
@@ -48,6 +50,8 @@ class ExportAotInductor:
     name = "export-aot-inductor"
     description = ("torch.export.export, then AOTInductor compiles it to a shared library packaged as .pt2, "
                    "loaded with aoti_load_package and run (no Python model at serving time)")
+    use_it = ('torch._inductor.aoti_compile_and_package(torch.export.export(model.eval(), (example_batch,)), '
+              'package_path="model.pt2"); model = torch._inductor.aoti_load_package("model.pt2")')
     modes = ("inference",)
 
     def compile(self, model, example, device):

@@ -38,12 +38,14 @@ class DynamoBackend:
         self.name = f"dynamo:{dynamo_name}"
         self.options: dict = {}
         self.description = f"torch.compile(model, backend={dynamo_name!r})"
+        self.use_it = f"model = torch.compile(model, backend={dynamo_name!r})"
 
     def configure(self, options: dict) -> None:
         """``--backend-option dynamo:NAME:KEY=VALUE``: ``torch.compile``'s ``options``, which it hands
         to the backend (OpenVINO's ``aot_autograd``, ``device``...; torch checks none of them)."""
         self.options = dict(options)
         self.description = f"torch.compile(model, backend={self.dynamo_name!r}, options={self.options!r})"
+        self.use_it = f"model = {self.description}"
 
     def unavailable_reason(self, device):
         module = _REQUIRES.get(self.dynamo_name)

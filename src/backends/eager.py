@@ -23,6 +23,7 @@ class ChannelsLastInput:
 class Eager:
     name = "eager"
     description = "nn.Module as written, no compilation (the baseline every speedup is against)"
+    use_it = 'model  # as written: nothing to change'
 
     def compile(self, model, example, device):
         return model
@@ -36,12 +37,14 @@ class EagerControl(Eager):
 
     name = "eager-control"
     description = "eager again, measured like any backend: its speedup over eager is this run's noise floor"
+    use_it = 'model  # as written: nothing to change'
     in_all = False
 
 
 class EagerFused:
     name = "eager-fused"
     description = "eager with Adam(fused=True): one fused kernel for the optimizer update"
+    use_it = 'optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)'
     modes = ("train",)  # its difference is the optimizer
 
     def compile(self, model, example, device):
@@ -54,6 +57,7 @@ class EagerFused:
 class ChannelsLast(ChannelsLastInput):
     name = "channels-last"
     description = "eager with the model and input in torch.channels_last (NHWC convolutions)"
+    use_it = 'model = model.to(memory_format=torch.channels_last); x = x.contiguous(memory_format=torch.channels_last)'
 
     def compile(self, model, example, device):
         return to_channels_last(model)

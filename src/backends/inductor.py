@@ -10,6 +10,7 @@ from .eager import ChannelsLastInput, to_channels_last
 class Compile:
     name = "compile"
     description = "torch.compile(model), default inductor backend; compiles lazily on the first step"
+    use_it = "model = torch.compile(model)"
     mode: Optional[str] = None
     #: Modes that record CUDA graphs: meaningless off CUDA, and they need warm-up to record.
     uses_cudagraphs = False
@@ -31,6 +32,7 @@ class Compile:
 class CompileReduceOverhead(Compile):
     name = "compile-reduce-overhead"
     description = "torch.compile(model, mode='reduce-overhead'): inductor + CUDA graphs"
+    use_it = 'model = torch.compile(model, mode="reduce-overhead")'
     mode = "reduce-overhead"
     uses_cudagraphs = True
 
@@ -38,6 +40,7 @@ class CompileReduceOverhead(Compile):
 class CompileMaxAutotune(Compile):
     name = "compile-max-autotune"
     description = "torch.compile(model, mode='max-autotune'): autotuned kernels + CUDA graphs"
+    use_it = 'model = torch.compile(model, mode="max-autotune")'
     mode = "max-autotune"
     uses_cudagraphs = True
 
@@ -45,12 +48,14 @@ class CompileMaxAutotune(Compile):
 class CompileMaxAutotuneNoCudagraphs(Compile):
     name = "compile-max-autotune-no-cudagraphs"
     description = "torch.compile(model, mode='max-autotune-no-cudagraphs'): autotuned kernels, no CUDA graphs"
+    use_it = 'model = torch.compile(model, mode="max-autotune-no-cudagraphs")'
     mode = "max-autotune-no-cudagraphs"
 
 
 class AotEager:
     name = "aot-eager"
     description = "torch.compile(model, backend='aot_eager'): dynamo + AOTAutograd tracing, eager kernels (what tracing costs without inductor)"
+    use_it = 'model = torch.compile(model, backend="aot_eager")'
 
     def compile(self, model, example, device):
         return torch.compile(model, backend="aot_eager")
@@ -59,6 +64,7 @@ class AotEager:
 class CompileChannelsLast(ChannelsLastInput):
     name = "compile-channels-last"
     description = "torch.compile(model) with the model and input in torch.channels_last"
+    use_it = 'model = torch.compile(model.to(memory_format=torch.channels_last)); x = x.contiguous(memory_format=torch.channels_last)'
 
     def compile(self, model, example, device):
         return torch.compile(to_channels_last(model))
@@ -66,10 +72,12 @@ class CompileChannelsLast(ChannelsLastInput):
 
 class CompileStep:
     """The whole training step (forward, loss, backward, Adam) as one torch.compile'd function:
-    what the seed's author wanted from torch.jit.script and could not get."""
+    what torch.jit.script can't do: it compiles no optimizer."""
 
     name = "compile-step"
     description = "the whole train step (forward, loss, backward, Adam) in one torch.compile, tensor lr"
+    use_it = ("optimizer = torch.optim.Adam(model.parameters(), lr=torch.tensor(1e-3)); "
+              "train_step = torch.compile(train_step)  # forward, loss, backward, optimizer.step()")
     modes = ("train",)  # its difference is the compiled step
     min_warmup = 1
 

@@ -7,16 +7,13 @@ from typing import Optional
 
 from ..core.config import DEFAULT_WORKLOAD
 from . import select
-from .parser import EXIT_OK, UsageError
+from .parser import EXIT_OK
 
 
 def list_command(args: argparse.Namespace) -> int:
     from ..core.run import devices as devmod
 
-    try:
-        slots = devmod.resolve_devices(devmod.parse_devices(args.devices))
-    except devmod.DeviceError as exc:
-        raise UsageError(f"--devices: {exc}") from None
+    slots = devmod.resolve_devices(select.devices(args.devices))
     registry = select.registry()
     if args.json:
         print(json.dumps(_as_json(registry, slots, args.what), indent=2))
@@ -46,7 +43,8 @@ def _as_json(registry, slots, what) -> object:
     from ..workloads.base import description
 
     backends = [{"name": name, "plugin": registry.origin[name], "in_all": base.in_all(b), "modes": list(base.modes(b)),
-                 "description": base.description(b), "unavailable": _unavailable(b, slots)}
+                 "description": base.description(b), "use_it": base.use_it(b, plugin=registry.origin[name]),
+                 "unavailable": _unavailable(b, slots)}
                 for name, b in registry.backends.items()]
     workloads = [{"name": name, "plugin": registry.workload_origin[name], "sample_unit": w.sample_unit,
                   "options": dict(w.options), "description": description(w)} for name, w in registry.workloads.items()]
@@ -56,19 +54,24 @@ def _as_json(registry, slots, what) -> object:
 
 
 def render_backends(registry, slots) -> str:
-    """Every backend with its plugin, modes and availability per device."""
-    from tabulate import tabulate
-
+    """Every backend as a short block: its name, plugin, modes and whether ``all`` has it; what it
+    is; the code a user writes to get it ("use it"); where it runs (why not, where it doesn't).
+    Blocks, not a table: the descriptions and code lines would make a table hundreds of
+    characters wide."""
     from ..backends import base
 
-    rows = []
+    blocks = []
     for name, backend in registry.backends.items():
-        availability = [f"{device}: {'yes' if not reason else 'no (' + reason + ')'}"
-                        for device, reason in _unavailable(backend, slots).items()]
-        in_all = "yes" if base.in_all(backend) else "no"
-        rows.append([name, registry.origin[name], in_all, ", ".join(base.modes(backend)), base.description(backend),
-                     "; ".join(availability)])
-    return tabulate(rows, headers=["backend", "plugin", "in all", "modes", "description", "devices"], tablefmt="simple")
+        plugin = registry.origin[name]
+        tags = [plugin, " and ".join(base.modes(backend))] + ([] if base.in_all(backend) else ["not in all"])
+        availability = "; ".join(f"{device}: {'yes' if not reason else 'no (' + reason + ')'}"
+                                 for device, reason in _unavailable(backend, slots).items())
+        lines = [f"{name}  ({', '.join(tags)})"]
+        if about := base.description(backend):
+            lines.append(f"  {about}")
+        lines += [f"  use it: {base.use_it(backend, plugin=plugin)}", f"  runs on: {availability}"]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
 
 
 def render_workloads(registry) -> str:

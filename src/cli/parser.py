@@ -8,6 +8,7 @@ then ``PROG: error: MESSAGE`` naming the flag once, exit 2 (``UsageError``).
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import typing
 from pathlib import Path
@@ -23,7 +24,7 @@ EXIT_OK, EXIT_FOUND, EXIT_USAGE, EXIT_HARNESS = 0, 1, 2, 3
 EXIT_SIGNAL_BASE = 128
 
 COMMANDS = ("run", "list", "compare", "report", "docs")
-#: Workload options with a flag of their own (the seed study's); others come with the workload.
+#: Workload options with a flag of their own (seed-cnn's); others come with the workload.
 WORKLOAD_OPTION_FLAGS = {"image_size": "--image-size"}
 #: ``--fail-on failed``: every status that means the backend did not deliver a correct step.
 FAILED = tuple(s.value for s in Status if s not in (Status.OK, Status.SKIPPED))
@@ -37,6 +38,62 @@ class UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> typing.NoReturn:
         raise UsageError(message)
+
+
+def did_you_mean(word: str, names: Sequence[str]) -> str:
+    """' (did you mean a or b?)' naming the registered names closest to ``word``, or ''."""
+    close = difflib.get_close_matches(word, list(names), n=3, cutoff=0.6)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
+
+
+#: Flags whose values are lists: given twice, they combine (``--devices cpu --devices mps`` is
+#: ``cpu,mps``). Every other flag that takes a value may be given once: a second is refused,
+#: never a silent last-wins.
+COMBINED = ("backends", "devices", "fail_on")
+
+
+class _Once(argparse._StoreAction):
+    """A flag that takes one value: given twice, a usage error naming it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = namespace.__dict__.setdefault("_given", set())
+        if self.dest in given:
+            raise argparse.ArgumentError(self, "given twice; give it once")
+        given.add(self.dest)
+        super().__call__(parser, namespace, values, option_string)
+
+
+class _Combine(argparse._StoreAction):
+    """A list flag: each time it is given its items join the earlier ones' (the default is
+    replaced by the first)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = namespace.__dict__.setdefault("_given", set())
+        if self.dest in given:
+            earlier = getattr(namespace, self.dest)
+            values = earlier | values if isinstance(earlier, frozenset) else f"{earlier},{values}"
+        given.add(self.dest)
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _guard_repeats(parser: argparse.ArgumentParser) -> None:
+    """Every value-taking flag of ``parser`` either combines (``COMBINED``) or is refused when
+    repeated. Done here, after the flags are declared, so no flag can be added without it."""
+    for action in parser._actions:
+        if type(action) is argparse._StoreAction and action.option_strings:
+            action.__class__ = _Combine if action.dest in COMBINED else _Once
+
+
+def _choice(choices: Sequence[str]) -> Callable[[str], str]:
+    """One of ``choices``, or an error that suggests the closest."""
+
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"invalid choice: {text!r}{did_you_mean(text, choices)}; choose from "
+                                             f"{', '.join(choices)}")
+        return text
+
+    return parse
 
 
 def _number(kind: type) -> Callable[[str], Any]:
@@ -123,7 +180,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                                       metavar=meta["metavar"] or meta["flag"][2:].upper().replace("-", "_"),
                                       help=f"{meta['help']} (default: {shown})")
         if meta["choices"]:
-            kwargs.update(choices=meta["choices"], metavar=None)
+            kwargs.update(type=_choice(meta["choices"]), metavar="{" + ",".join(meta["choices"]) + "}")
         elif f.name == "batch_size":
             kwargs.update(type=_batch_sizes, metavar="N[,N...]",
                           help=f"{meta['help']}; several sizes (16,32,64) make a sweep: the matrix runs at each, each "
@@ -174,6 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Measure every selected backend on every device, each cell in its own process: "
                          "step time, compile cost, memory and parity against float64.")
     _add_run_options(run)
+    _guard_repeats(run)
 
     ls = sub.add_parser("list", prog="cnncompare list", help="list backends, workloads and plugins",
                         description="List what is installed: backends (with availability per device), workloads "
@@ -182,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="backends, workloads or plugins (default: backends and workloads)")
     ls.add_argument("--devices", default="all", help="devices to show availability for (default: all)")
     ls.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    _guard_repeats(ls)
 
     cmp = sub.add_parser("compare", prog="cnncompare compare", help="compare two runs' JSON reports (a CI gate)",
                          description="Compare two runs' step times cell by cell (Welch's t-test on the rounds' log medians).")
@@ -195,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"significance level of the test (default: {DEFAULT_ALPHA})")
     cmp.add_argument("--any-workload", action="store_true",
                      help="compare runs of different workloads (or of one workload with other options) cell by cell")
+    _guard_repeats(cmp)
 
     rep = sub.add_parser("report", prog="cnncompare report", help="render a report from runs' JSON reports",
                          description="Render one markdown report from several runs' JSON reports "
@@ -202,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("runs", type=Path, nargs="+", metavar="RUN.json", help="JSON reports")
     rep.add_argument("--output", type=Path, default=None, metavar="PATH.md",
                      help="write the markdown here (default: print it)")
+    _guard_repeats(rep)
 
     docs = sub.add_parser("docs", prog="cnncompare docs", help="read the manual: cnncompare docs TOPIC",
                           description="Print one topic of the manual (the docs/ folder this package was built "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from ..core.config import RunConfig
 
@@ -46,9 +46,27 @@ def earlier_run(config: RunConfig, folders: list[Path]) -> Optional[tuple[Path, 
     return path, report
 
 
-def render_plan(configs: list[RunConfig], registry, slots, output_dir: Path) -> str:
+#: Why the command line adds a backend the user didn't name (``run._configs``).
+ADDED_BECAUSE = {
+    "eager": "the baseline every speedup is measured against",
+    "eager-control": "eager measured again like any backend: the run's noise floor (--no-control leaves it out)",
+}
+
+
+def warmup_text(config: RunConfig) -> str:
+    """The warm-up steps the cells run: round 1 at least parity's (it judges the step after them)."""
+    from ..core.cell.parity import PARITY_MIN_WARMUP
+
+    if config.warmup >= PARITY_MIN_WARMUP:
+        return f"{config.warmup} warm-up"
+    return (f"{PARITY_MIN_WARMUP} warm-up in round 1 (parity judges step {PARITY_MIN_WARMUP + 1}; --warmup "
+            f"{config.warmup} applies to later rounds)")
+
+
+def render_plan(configs: list[RunConfig], registry, slots, output_dir: Path, added: Sequence[str] = ()) -> str:
     """What ``run`` would do with ``configs`` on ``slots``: per device, the backends that run and
-    those skipped (with why), the cells and rounds, and the estimated time."""
+    those skipped (with why), those added though not named (with why), the cells and rounds, and
+    the estimated time."""
     from ..core.run.orchestrate import unavailable
 
     lines = []
@@ -56,9 +74,10 @@ def render_plan(configs: list[RunConfig], registry, slots, output_dir: Path) -> 
         w = config.workload
         options = ", ".join(f"{k}={v}" for k, v in w.options.items())
         lines.append(f"Plan: {w.name} ({options or 'no options'}), {config.mode}, batch {config.batch_size}, "
-                     f"{config.warmup} warm-up + {config.steps} measured steps, {config.rounds} round(s) per device"
+                     f"{warmup_text(config)} + {config.steps} measured steps, {config.rounds} round(s) per device"
                      + (f", then more for the rows wider than ±{config.target:g} % while the run is within "
                         f"{config.budget_s:g} s." if config.rounds > 1 and not config.distributed else "."))
+        lines += [f"- added {name}: {ADDED_BECAUSE[name]}" for name in added]
         cells = 0
         for slot in slots:
             runs, skips = [], []
@@ -67,8 +86,7 @@ def render_plan(configs: list[RunConfig], registry, slots, output_dir: Path) -> 
                 (skips.append(f"{name} ({reason})") if reason else runs.append(name))
             cells += len(runs)
             lines.append(f"- {slot.name}: {len(runs)} cells x {config.rounds} rounds: {', '.join(runs) or 'none'}")
-            if skips:
-                lines.append(f"  skipped: {'; '.join(skips)}")
+            lines += [f"  skipped {skip}" for skip in skips]
         lines.append(_estimate(config, cells, [output_dir, Path("reports")]))
     return "\n".join(lines)
 

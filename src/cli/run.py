@@ -25,10 +25,7 @@ from .parser import EXIT_FOUND, EXIT_HARNESS, EXIT_OK, UsageError
 def run_command(args: argparse.Namespace) -> int:
     from ..core.run import devices as devmod
 
-    try:
-        device_parts = devmod.parse_devices(args.devices)
-    except devmod.DeviceError as exc:
-        raise UsageError(f"--devices: {exc}") from None
+    device_parts = select.devices(args.devices)
     registry = select.registry()
     for warning in registry.warnings:
         print(f"cnncompare: warning: {warning}", file=sys.stderr)
@@ -40,24 +37,25 @@ def run_command(args: argparse.Namespace) -> int:
         print(render_list(registry, devmod.resolve_devices(device_parts)))
         return EXIT_OK
 
-    configs = _configs(args, registry, device_parts)
-    if configs[0].warmup < 2:
-        print(f"cnncompare: --warmup {configs[0].warmup}: 2 warm-up steps run all the same (parity judges step 3)",
-              file=sys.stderr)
+    configs, added = _configs(args, registry, device_parts)
     if len(configs) > 1 and args.resume:
         raise UsageError("--resume: resume one size of a sweep: its own report (…-bs32.json) with --batch-size 32")
     slots = devmod.resolve_devices(device_parts)
-    if args.dry_run:
-        from .plan import render_plan
-
-        md_path, _ = select.output_paths(args, check=False)
-        print(render_plan(configs, registry, slots, md_path.parent))
-        return EXIT_OK
+    # Everything a run would refuse, --dry-run refuses too: nothing to run, files to read, paths to write
+    # (a dry run makes no folder).
+    select.refuse_dead_end(configs[0], registry, slots, added)
     resumed = select.load_report("--resume", args.resume) if args.resume else None
-    md_path, json_path = select.output_paths(args)
-    csv_path = select.writable("--csv", args.csv) if args.csv is not None else None
+    md_path, json_path = select.output_paths(args, make=not args.dry_run)
+    csv_path = select.writable("--csv", args.csv, make=not args.dry_run) if args.csv is not None else None
     if csv_path is not None and csv_path.resolve() in (md_path.resolve(), json_path.resolve()):
         raise UsageError("--csv: must differ from the markdown and JSON paths")
+    from .plan import render_plan
+
+    plan = render_plan(configs, registry, slots, md_path.parent, added)
+    if args.dry_run:
+        print(plan)
+        return EXIT_OK
+    print(plan, file=sys.stderr)
     outputs = Outputs(md_path, json_path, csv_path)
     if len(configs) > 1:
         print(f"cnncompare: a sweep over batch sizes {', '.join(str(c.batch_size) for c in configs)}: one report per "
@@ -68,12 +66,21 @@ def run_command(args: argparse.Namespace) -> int:
     return _verdict_code(code, [report], args.fail_on)
 
 
-def _configs(args: argparse.Namespace, registry, device_parts) -> list[RunConfig]:
-    """One ``RunConfig`` per batch size (one, or a sweep's), checked here and now."""
+def _configs(args: argparse.Namespace, registry, device_parts) -> tuple[list[RunConfig], list[str]]:
+    """One ``RunConfig`` per batch size (one, or a sweep's), checked here and now, and the
+    backends the user didn't name that were added: eager, the baseline every speedup needs, and
+    beside it ``eager-control``, the noise floor (unless ``--no-control``)."""
     backends = select.backends(args.backends, registry, args.mode)
+    if args.no_control and CONTROL in backends:
+        raise UsageError(f"--no-control: {CONTROL} is named in --backends; drop one of the two")
     options = select.backend_options(args.backend_option, backends, registry)
-    if "eager" in backends and CONTROL not in backends and not args.no_control:
+    added = []
+    if "eager" not in backends:
+        backends.insert(0, "eager")
+        added.append("eager")
+    if CONTROL not in backends and not args.no_control:
         backends.insert(backends.index("eager") + 1, CONTROL)
+        added.append(CONTROL)
     workload = select.workload(args, registry)
     sizes = args.batch_size if isinstance(args.batch_size, tuple) else (args.batch_size,)
     try:
@@ -84,7 +91,7 @@ def _configs(args: argparse.Namespace, registry, device_parts) -> list[RunConfig
         configs[0].check_here()
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
-    return configs
+    return configs, added
 
 
 def _verdict_code(code: int, reports: list, fail_on: frozenset) -> int:
@@ -184,8 +191,9 @@ def run(config: RunConfig, registry, slots, outputs: Outputs, resumed=None, echo
 
 
 def _summary(markdown: str) -> str:
-    """The report's first lines and its Summary section: what stdout shows of a run."""
+    """The report's first lines and its Summary section's verdicts (not the setup table): what
+    stdout shows of a run."""
     head, _, rest = markdown.partition("\n## Summary\n")
-    body = rest.split("\n## ", 1)[0]
+    body = rest.split("\n## ", 1)[0].split("\nSetup:\n", 1)[0]
     lines = [line for line in body.strip().splitlines() if not line.startswith("![")]
     return "\n".join([head.strip(), "", *[line for line in lines if line.strip()]])

@@ -7,11 +7,12 @@ import argparse
 import datetime as _dt
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from ..core.config import WorkloadSpec
-from .parser import WORKLOAD_OPTION_FLAGS, UsageError
+from .parser import WORKLOAD_OPTION_FLAGS, UsageError, did_you_mean
 
 #: Where a run's report goes when --output doesn't say: outside any committed reports/ folder.
 DEFAULT_OUTPUT_DIR = Path("cnncompare-runs")
@@ -46,9 +47,46 @@ def backends(spec: str, registry, mode: str = "train") -> list[str]:
         else:
             expanded = [n for n in registry.backends if fnmatchcase(n, item)]
         if not expanded:
-            raise UsageError(f"--backends: unknown backend {item!r}; {_known_backends(registry)}")
+            raise UsageError(f"--backends: unknown backend {item!r}{did_you_mean(item, list(registry.backends))}; "
+                             f"{_known_backends(registry)}")
         chosen += [n for n in expanded if n not in chosen]
     return chosen
+
+
+def devices(spec: str) -> list[str]:
+    """``--devices``'s items, checked (an unknown kind gets the closest known one suggested)."""
+    from ..core.run import devices as devmod
+
+    for part in (p.strip() for p in spec.split(",")):
+        kind = part.partition(":")[0]
+        if part and part != "all" and kind not in devmod.KNOWN_KINDS:
+            raise UsageError(f"--devices: unknown device {part!r}{did_you_mean(kind, ['all', *devmod.KNOWN_KINDS])}; "
+                             f"known: all, {', '.join(devmod.KNOWN_KINDS)} (e.g. cuda:0)")
+    try:
+        return devmod.parse_devices(spec)
+    except devmod.DeviceError as exc:
+        raise UsageError(f"--devices: {exc}") from None
+
+
+def refuse_dead_end(config, registry, slots, added: list[str]) -> None:
+    """A ``UsageError`` when nothing the user asked for could run: every device absent, or no
+    backend they named (``added`` are the baseline rows the command line put in) runs in this
+    mode on any device here. The line names each one's reason."""
+    from ..core.run.cell import unavailable
+
+    present = [s for s in slots if not s.unavailable]
+    if not present:
+        raise UsageError("--devices: nothing would run: " + "; ".join(f"{s.name}: {s.unavailable}" for s in slots))
+    named = [n for n in config.backends if n not in added] or list(config.backends)
+    reasons = {}
+    for name in named:
+        why = [unavailable(registry.backends[name], s.name, config) for s in present]
+        if None in why:
+            return
+        reasons[name] = why[0]
+    where = ", ".join(s.name for s in present)
+    raise UsageError(f"--backends: none of the backends named runs here ({where}, {config.mode} mode): "
+                     + "; ".join(f"{name}: {why}" for name, why in reasons.items()))
 
 
 def backend_options(items: list[str], selected: list[str], registry) -> dict[str, dict[str, Any]]:
@@ -100,6 +138,10 @@ def workload(args: argparse.Namespace, registry) -> WorkloadSpec:
     from ..workloads import WorkloadError, find
     from ..workloads.base import OptionError, resolve_options, throughput_unit, units_per_sample
 
+    if ":" not in args.workload and args.workload not in registry.workloads:
+        raise UsageError(f"--workload: unknown workload {args.workload!r}{did_you_mean(args.workload, list(registry.workloads))}; "
+                         f"known: {', '.join(registry.workloads)}, torchvision:<model>, timm:<model>, FILE.py:FUNCTION, "
+                         "MODULE:FUNCTION")
     try:
         found, origin = find(args.workload, registry.workloads)
     except WorkloadError as exc:
@@ -146,8 +188,10 @@ def _option_value(item: str, workload: Any) -> tuple[str, Any]:
     return key, text
 
 
-def writable(option: str, path: Path) -> Path:
-    """``path`` as a file this run can write, its folder created; else a ``UsageError``.
+def writable(option: str, path: Path, make: bool = True) -> Path:
+    """``path`` as a file this run can write, its folder created; else a ``UsageError``. With
+    ``make`` false (``--dry-run``) nothing is made: the nearest existing folder must take a new
+    file, so the run could make the rest.
 
     Only writing tells (a read-only or virtual filesystem answers permission
     checks and still refuses), so the folder is made and a new file is
@@ -163,22 +207,28 @@ def writable(option: str, path: Path) -> Path:
     if not os.path.isdir(existing):
         raise UsageError(f"{option}: can't write {str(path)!r}: {str(existing)!r} is not a directory")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if make:
+            path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists():
             with open(path, "r+b"):
                 pass
-        else:
+        elif make:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
             os.unlink(path)
+        else:  # the folder that exists must take a new file
+            handle, probe = tempfile.mkstemp(dir=existing, prefix=".cnncompare-check-")
+            os.close(handle)
+            os.unlink(probe)
     except OSError as exc:
         reason = "permission denied" if isinstance(exc, PermissionError) else (exc.strerror or str(exc)).lower()
         raise UsageError(f"{option}: can't write {str(path)!r}: {reason}") from None
     return path
 
 
-def output_paths(args: argparse.Namespace, check: bool = True) -> tuple[Path, Path]:
+def output_paths(args: argparse.Namespace, make: bool = True) -> tuple[Path, Path]:
     """The markdown and JSON paths of a run: ``--output``/``--json``, beside ``--resume``'s
-    report, or a new timestamped pair in ``DEFAULT_OUTPUT_DIR``; checked writable unless not ``check``."""
+    report, or a new timestamped pair in ``DEFAULT_OUTPUT_DIR``; checked writable (``writable``,
+    their folders made unless not ``make``)."""
     if args.output is not None:
         md_path = args.output
     elif args.resume is not None:
@@ -187,8 +237,7 @@ def output_paths(args: argparse.Namespace, check: bool = True) -> tuple[Path, Pa
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         md_path = DEFAULT_OUTPUT_DIR / f"cnncompare-{stamp}.md"
     json_path = args.json if args.json is not None else (args.resume or md_path.with_suffix(".json"))
-    if check:
-        md_path, json_path = writable("--output", md_path), writable("--json", json_path)
+    md_path, json_path = writable("--output", md_path, make), writable("--json", json_path, make)
     if json_path.resolve() == md_path.resolve():
         raise UsageError("--json: must differ from the markdown --output path")
     return md_path, json_path

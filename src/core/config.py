@@ -45,7 +45,7 @@ MALLOC_POLICIES = ("system", "reuse")
 
 DEFAULT_WORKLOAD = "seed-cnn"
 
-#: ``--mode``: what a cell times. train: forward, loss, backward, Adam (the seed study's step).
+#: ``--mode``: what a cell times. train: forward, loss, backward, Adam (the default step).
 #: inference: one forward of the eval-mode model under inference_mode (docs/inference.md).
 MODES = ("train", "inference")
 
@@ -97,7 +97,7 @@ class WorkloadSpec:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """What one run measures. Defaults are the seed study's (training, batch 128, 28x28), measured
+    """What one run measures. Defaults are the default workload's (training, batch 128, 28x28), measured
     in warm interleaved pairs with eager: at least 2 rounds of 4 step pairs per backend, more
     where the interval is wider than ``target`` % while ``budget_s`` allows (docs/verdicts.md).
 
@@ -243,7 +243,7 @@ class RunConfig:
     @classmethod
     def from_dict(cls, data: dict) -> "RunConfig":
         """A recorded config; reports from before workloads (image size etc. at the top level)
-        are read as the seed CNN's options, and from before ``--rounds`` as one round."""
+        are read as seed-cnn's options, and from before ``--rounds`` as one round."""
         data = dict(data)
         data.setdefault("rounds", 1)
         data.setdefault("target", 3.0)  # reports from before warm pairs, which had no target

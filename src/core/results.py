@@ -35,7 +35,8 @@ from .stats import StepStats
 #: verdict's ``precision`` and ``fastest_other_precision``.
 #: 8: warm interleaved pairs: ``round_eager_samples`` (each round's eager steps paired with the
 #: row's), ``target_reached``, the config's ``target`` and ``budget_s``.
-SCHEMA_VERSION = 8
+#: 9: each row's ``use_it`` (the code a user writes to get it; empty in older reports).
+SCHEMA_VERSION = 9
 
 #: Environment keys that must match for two runs to be comparable cell by cell.
 #: (The thread count is the config's, compared there.)
@@ -51,6 +52,8 @@ class CellResult(Measured):
     device: str
     plugin: Optional[str] = None
     description: str = ""
+    #: The backend's "use it" line for this row's device (``backends.base.use_it``).
+    use_it: str = ""
     step_s: Optional[StepStats] = None
     compile_cache: Optional[str] = None
     cold_compile_s: Optional[float] = None

@@ -1,4 +1,4 @@
-"""``seed-cnn``: the seed study's CNN on seeded random images, trained with NLLLoss."""
+"""``seed-cnn``: the default CNN on seeded random images, trained with NLLLoss."""
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -12,8 +12,7 @@ from .. import hookimpl
 class SeedCNN(nn.Module):
     """Three Conv2d+BatchNorm2d+ReLU blocks (3->16->32->64, k=3, pad=1), then two linear layers.
 
-    Unlike the seed memo (whose ``forward`` returned before the linear
-    layers), the whole network runs.
+    The whole network runs, the linear layers included: they hold almost all of its parameters.
     """
 
     def __init__(self, image_size: int = 28, in_channels: int = 3, num_classes: int = 10):
@@ -38,7 +37,7 @@ class SeedCNN(nn.Module):
 class SeedCNNWorkload:
     name = "seed-cnn"
     sample_unit = "image"
-    description = "the seed study's CNN: 3 x (conv 3x3 + BatchNorm + ReLU), 2 linear layers, NLLLoss"
+    description = "the default CNN: 3 x (conv 3x3 + BatchNorm + ReLU), 2 linear layers, NLLLoss"
     options = {"image_size": 28, "in_channels": 3, "num_classes": 10}
 
     def check_options(self, options: Mapping[str, Any]) -> None:

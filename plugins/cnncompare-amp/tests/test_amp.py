@@ -141,7 +141,7 @@ def test_bf16_is_held_to_bf16s_own_error_and_every_wrong_bf16_backend_fails():
     for cls in WRONG_BF16:
         r = rows[cls.name]
         # Beyond bf16's own rounding freedom (eager perturbed by one bf16 ulp) by a clear factor: a
-        # gradient x 1.1 is the nearest, at 1.5x here (2.2x at the seed config, bench/parity_margins.py).
+        # gradient x 1.1 is the nearest, at 1.5x here (2.2x at the default config, bench/parity_margins.py).
         assert r.status is Status.FAIL_ACCURACY and r.parity.margin > 1.3, (cls.name, r.status, r.error)
     assert rows["bf16-grad-x1.1"].parity.worst_tensor.startswith("scale of step1/grad:")
     # the verdict ranks amp-bf16 apart from the fp32 rows

@@ -136,7 +136,7 @@ def _reference(order: CellOrder) -> CellRecord:
     assert order.reference is not None and order.run_dir is not None
     if malloc_supported("reuse") is None:
         # Nothing here is timed: freed memory kept for the next step spares the reference the page
-        # faults a cell measures (a fifth of its time at the seed config).
+        # faults a cell measures (a fifth of its time at the default config).
         use_malloc("reuse")
     try:
         workload = order.workload.unpack(_lookup)

@@ -99,7 +99,7 @@ def _prepare(backend: Any, job: Job, device: torch.device, rank: Optional[Rank] 
     """Build the model and batch, compile with the backend (timed), then the optimizer and step.
 
     The optimizer comes after the backend so it is built over the parameters
-    the compiled module trains, already on their device (the seed's pitfall).
+    the compiled module trains, already on their device (an optimizer built before can hold the wrong ones).
     Under DDP the compiled module is wrapped before the optimizer is built
     (the wrap is timed with the compile: it is part of the one-off cost).
     In inference the model is in eval mode, ``compile`` runs under ``no_grad`` and the step is

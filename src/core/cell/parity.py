@@ -64,7 +64,7 @@ from torch import nn
 from ..records import Parity
 from .training import output_tensors, trained_parameters
 
-#: A limit's multiple of the tensor's sensitivity. Measured at the seed config after step 4:
+#: A limit's multiple of the tensor's sensitivity. Measured at the default config after step 4:
 #: channels-last's largest weight is 3.4 x fp32 eager's error (0.79 % vs 0.23 %); 5 keeps such a
 #: correct backend under its limit where the sensitivity is fp32 eager's own.
 PARITY_MULTIPLIER = 5.0
@@ -146,7 +146,7 @@ def output_snapshot(model: nn.Module, trained: Any, output: Any, step: int) -> d
 
 #: Elements per piece when comparing on the CPU. A whole-tensor float64 difference of the
 #: 51 M-parameter linear weight is a fresh 400 MB buffer whose page faults dominated: the
-#: seed config's comparison took 3.4 s whole and 0.15 s in pieces that stay in cache.
+#: default config's comparison took 3.4 s whole and 0.15 s in pieces that stay in cache.
 _CHUNK = 1 << 18
 
 #: Per tensor: ||t - ref||^2, <t - ref, d>, ||d||^2, with d the reference's direction (the

@@ -305,7 +305,7 @@ def compute(job: Job, device: torch.device, plan: ReferencePlan) -> dict:
             try:
                 computed = run(torch.float32, steps if full else 1, snap_at if full else frozenset({1}), precision=p)
                 # One ulp of each reduced precision (twice its unit roundoff): a correct implementation may
-                # round any op's result to either neighbour. Measured at the seed config: perturbed by half a
+                # round any op's result to either neighbour. Measured at the default config: perturbed by half a
                 # unit roundoff, bf16 eager's last BatchNorm-weight update moved 0.1 % in scale where
                 # compile-amp-bf16's (a correct bf16 recipe) is 3.5 % off; by one unit roundoff, enough to
                 # cover that in one draw of the noise, 1.6-2x short of it in three others. Two draws, the

@@ -1,100 +1,153 @@
-"""The report's "How to read this": what every column and figure means, worded per mode
-(a training step or a forward). Text only; ``how_to_read(mode)`` is the whole legend.
+"""What every column of a report means: one table, ``COLUMNS``, that the report's "How to read
+this" (``how_to_read``), docs/reading.md and ``cnncompare docs reading`` all render from.
 
-Its figures (the 95 % interval, parity's 5 × and 1 %) restate
-``stats`` and ``cell.parity``: change them there and here together.
+docs/reading.md holds the training wording between two generated markers;
+``python -m cnncompare.core.report.legend docs/reading.md`` rewrites it and the test suite fails
+when it drifts. Column names are the tables' headers (``tables``). Figures here (the 95 %
+interval, parity's 5 × and 1 %) restate ``stats`` and ``cell.parity``: change them there and
+here together.
 """
+from __future__ import annotations
 
-#: What one step is, per mode, in the report's legend.
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+from .wording import STEP_UNIT, plural
+
+#: What one step is, per mode.
 STEP_IS = {
     "train": "one training step (forward, the workload's loss, zero_grad, backward, Adam)",
     "inference": "one forward of the batch through the eval-mode model (under `torch.inference_mode()`)",
 }
 
+#: What the first step holds of a lazy compile, per mode.
+LAZY = {"train": "forward and backward", "inference": "the forward"}
 
 #: What parity judges, per mode (the rule that follows is the same).
 PARITY_JUDGES = {
-    "train": """the backend's training against float64 eager after the same steps on the
-  same batches: every gradient and buffer (BatchNorm's running statistics and counts) after step 1;
-  every gradient, weight (its last update) and buffer after the parity step (step 3 for the
-  built-ins: after the backend's warm-up, with Adam's state, CUDA graphs replaying, TorchScript
-  optimised); the loss of every step up to it; then every later step's loss against fp32 eager's.""",
-    "inference": """the backend's forward against float64 eager's forward of the eval-mode
-  model on the same batches: the outputs (against their spread) and every buffer (BatchNorm's
-  running statistics, which must not move) after step 1 and after the parity step (step 3 for the
-  built-ins), then every later forward's largest output against fp32 eager's.""",
+    "train": "the backend's training against float64 eager trained the same steps on the same batches: every "
+             "gradient and buffer (BatchNorm's running statistics and counts) after step 1; every gradient, weight "
+             "(its last update) and buffer after the *parity step*, the first after the backend's warm-up (step 3 "
+             "for the built-ins: with Adam's state, CUDA graphs replaying, TorchScript optimised); the loss of every "
+             "step up to it; then every later step's loss of the first round against fp32 eager's.",
+    "inference": "the backend's forward against float64 eager's forward of the eval-mode model on the same "
+                 "batches: the outputs (against their spread) and every buffer (BatchNorm's running statistics, "
+                 "which must not move) after step 1 and after the parity step (step 3 for the built-ins), then "
+                 "every later forward's largest output against fp32 eager's.",
 }
 
 
-def how_to_read(mode: str) -> str:
-    """The report's legend, worded for ``mode``'s step (a training step or a forward)."""
-    lazy = "forward and backward" if mode == "train" else "the forward"
-    return HOW_TO_READ.format(step=STEP_IS[mode], lazy=lazy, judged=PARITY_JUDGES[mode])
+class Column(NamedTuple):
+    """A column (or a group of columns read together) and what it means; ``{step}``, ``{steps}``,
+    ``{lazy}`` and ``{judged}`` are worded per mode, ``{unit}`` per workload. ``modes``: where it
+    appears."""
+
+    name: str
+    meaning: str
+    modes: tuple[str, ...] = ("train", "inference")
 
 
-HOW_TO_READ = """\
-- **step median / IQR**: seconds per step, {step},
-  over the measured steps after warm-up, every round's; IQR = third minus first quartile. CPU
-  steps are timed with `perf_counter`, CUDA steps with events, so no queued GPU work escapes the
-  timed region. Rows' medians come from different minutes: compare rows by the speedup.
-- **speedup vs eager**: eager's step ÷ this backend's on the same device; >1 is faster. Only
-  `ok` rows get one. Measured in warm pairs: each step of the backend's process alternates with
-  one of an eager process alive beside it; the geometric mean of the pairs' ratios, with its
-  95 % interval in brackets (Student's t over the rounds, each a fresh pair of processes, their
-  spread pooled with the device's other rows'); `*`:
-  the interval is wider than the run's `--target`. The summary names a pick only when its
-  interval clears eager, the noise floor (`eager-control`) and every other row round by round;
-  else a tie.
-- **compile**: wall time of the backend's `compile` call. **first step**: the first step,
-  which includes lazy compilation (`torch.compile` compiles here, {lazy}). Caches are
-  cold: each cell runs in a fresh process with a fresh inductor cache directory; "(warm …)" is
-  the median of later rounds', which reuse the cell's cache.
-- **break-even**: steps until the backend's extra one-off cost is repaid by its saving
-  per step; – when it is not faster. The one-off cost is compile, plus what the first step and the
-  warm-up steps took beyond as many steady steps (lazy compiles, recompiles, CUDA-graph recording,
-  TorchScript's profiling runs), minus eager's.
-- **peak RSS steady / one-off**: the cell's process; steady = the measured steps' peak, one-off =
-  compile, first step and warm-up (autotuning, CUDA-graph recording, the parity snapshot). The same
-  split for CUDA's allocated memory; reserved is the lifetime peak. Inductor's compile workers are
-  processes of their own, not in these figures: their summed peak RSS (sampled every 0.1 s through
-  compile and warm-up) is under **compile workers**, with their count (torch's default unless
-  `--compile-threads`).
-- **achieved GFLOP/s, % of peak**: the step's FLOPs (torch.utils.flop_counter, forward +
-  backward; the forward alone in inference) ÷ the median step time, against the best rate of a matmul probe on the same device in
-  the precision the step's FLOPs run in (in brackets): fp32; for fp32 rows on CUDA, TF32 or fp32
-  for convolutions and matmuls as torch's flags say, weighted by their FLOPs; bf16/fp16 for
-  mixed-precision rows. How far from the hardware the step runs.
-- **memory vs eager**: eager's steady peak ÷ this backend's (CUDA allocated where there is one,
-  else RSS); >1 uses less. One-off peaks are not compared. A CUDA-graph row is compared by
-  reserved memory; a backend with an allocator of its own gets none on CUDA.
-- **page faults / step, kernel CPU s / step**: over the measured steps, from `getrusage` (all
-  threads of the cell's process). A page fault maps a fresh page the kernel must zero: tensors
-  larger than glibc's mmap threshold are mapped anew each step, so a step that frees and
-  re-allocates hundreds of MB (eager's for-loop Adam, a `.grad` freed by `zero_grad`) pays here.
-  `--malloc reuse` keeps freed memory in the process; the header says when a run used it.
-- **dynamo graphs / breaks / recompiles**: what `torch.compile` captured during the measured
-  steps; a break or a recompile costs speed. "fell back to eager" means dynamo gave up. On CUDA:
-  the CUDA graphs inductor recorded and skipped (a CUDA-graph mode with 0 recorded ran without).
-- **scaling efficiency** (with `--nproc`): global images/s ÷ (ranks × single-process images/s);
-  **ranks identical**: every rank's weights after the first step equal rank 0's, bit for bit.
-- **parity (worst ÷ limit)**: {judged}
-  Every step runs on a new batch of the run's seeded sequence, the same for every backend.
-  Each tensor passes when its norm-relative error ‖x − ref‖ / ‖ref‖ is at most 5 × its
-  sensitivity (the largest error of three correct fp32 computations: eager, and eager perturbed
-  by a few ulps twice) plus the backend's relative tolerance (1 % unless it declares more), and
-  when its size along the reference (⟨x − ref, ref⟩ / ⟨ref, ref⟩) is within 5 × the same
-  computations' + 1 %. A row declaring bf16 or fp16 has each sensitivity raised to eager's own
-  error in that precision. The loss of every step of the first round must stay within 5 × the
-  perturbed run's drift + the tolerance of fp32 eager's over the same batches. The figure is the
-  worst check's error ÷ its limit (≤ 1 passes; the parity table names it). Tensors whose
-  sensitivity exceeds 1 % can't be resolved at this size (a conv bias before BatchNorm; at tiny
-  batches, what a near-zero gradient's sign decides) and are not judged. Under DDP the reference
-  trains the same global batch in one process, slice by slice (each rank's BatchNorm sees only
-  its slice), and the ranks must also agree.
-- **computes in**: the precision the row's first-step errors match best: fp32's, or eager's own
-  in bf16 (autocast), and on CUDA fp16 or TF32. A row that declares fp32 but computes in bf16 is
-  marked, and the summary ranks it apart from the rows at eager's precision.
-- **latency p50 / p90 / p99** (inference): percentiles of the batch latency over every measured
-  step of every round (linear interpolation between order statistics: with fewer than 100
-  samples p99 sits near the slowest step); one step is one batch's forward.
-"""
+COLUMNS: tuple[Column, ...] = (
+    Column("status", "`ok`, `fail_accuracy` (non-finite loss, or parity failed), `fail_compile`, `fail_run`, `timeout`, "
+           "`crashed` (killed by a signal, or exited without a result), `oom`, `skipped` (device absent, or the "
+           "backend declines it or this mode); the error's last lines are in the notes. Only `ok` rows are ranked."),
+    Column("speedup vs eager", "eager's step time ÷ this row's on the same device; > 1 is faster (never clipped). "
+           "Measured in warm pairs: each step of the row's process alternates with one of a warm eager process "
+           "alive beside it, over rounds of fresh process pairs. The geometric mean of the pairs' ratios, with its "
+           "95 % interval in brackets (Student's t over the rounds, their spread pooled with the device's other "
+           "rows'). `*`: the interval is wider than `--target`; the rounds line under the table says what would "
+           "narrow it."),
+    Column("step median (s)", "seconds per step, {step}, over the measured steps after warm-up, every round's. CPU "
+           "steps are timed with `time.perf_counter`; CUDA steps with a pair of CUDA events on the stream and one "
+           "synchronise after the loop, so queued GPU work can't escape the timed region. Rows' medians come from "
+           "different minutes: compare rows by the speedup."),
+    Column("latency p50 / p90 / p99 (ms)", "percentiles of one batch's forward over every measured step of every "
+           "round (linear interpolation between order statistics: with fewer than 100 samples p99 sits near the "
+           "slowest step).", ("inference",)),
+    Column("first step (s)", "the first step alone, which holds lazy compilation (`torch.compile` compiles "
+           "{lazy} here). Cold: every cell runs in a fresh process with a fresh inductor cache. **warm first step "
+           "(s)** is the median of later rounds', which reuse the cell's cache."),
+    Column("break-even", "{steps} until the row's extra one-off cost is repaid by its saving per step; – "
+           "where it is not faster. The one-off cost is compile, plus what the first step and the warm-up steps "
+           "took beyond as many steady steps (lazy compiles, recompiles, CUDA-graph recording, TorchScript's "
+           "profiling runs), minus eager's."),
+    Column("parity", "pass or FAIL, and in brackets the worst check's error ÷ its limit (≤ 1 passes): {judged} "
+           "Every step runs on a new batch of the run's seeded sequence, the same for every backend. A tensor passes "
+           "when its norm-relative error ‖x − ref‖ / ‖ref‖ is at most 5 × "
+           "its sensitivity (the largest error of three correct fp32 computations: eager, and eager perturbed by "
+           "a few ulps, twice) plus the backend's relative tolerance (1 % unless it declares more), and its size along "
+           "the reference (⟨x − ref, ref⟩ / ⟨ref, ref⟩) is within 5 × theirs + 1 %. A row declaring bf16 or fp16 "
+           "has each sensitivity raised to eager's own error in that precision. The parity table names the worst "
+           "check, and how many tensors were beyond resolution. Tensors "
+           "whose sensitivity exceeds 1 % can't be resolved at this size and are not judged."),
+    Column("computes in", "the precision the row's first-step errors match best: fp32, or eager's own under "
+           "autocast bf16 (on CUDA also fp16 and TF32), with what the backend declares where that differs. The "
+           "summary ranks a row at another precision than eager's apart, never over the rows at eager's."),
+    Column("{unit}s/s", "throughput: the batch's {unit}s ÷ the median step time."),
+    Column("IQR (s)", "third minus first quartile of the measured steps; the summary warns when it exceeds 10 % "
+           "of the median."),
+    Column("compile (s)", "wall time of the backend's `compile(model, example, device)` call (plus "
+           "`compile_step`), round 1, cold cache; \"(warm …)\": the median of later rounds'. `torch.compile` returns at "
+           "once: its compiling lands in the first step."),
+    Column("peak RSS steady / one-off (MB)", "peak resident memory of the cell's process over the measured steps "
+           "(steady) and over compile, first step and warm-up (one-off: autotuning, CUDA-graph recording, the "
+           "parity snapshot). Inductor's compile workers are processes of their own and not in it (see compile "
+           "workers)."),
+    Column("CUDA peak alloc steady / one-off, reserved (MB)", "`torch.cuda.max_memory_allocated` over the measured "
+           "steps and over compile, first step and warm-up; `max_memory_reserved` over the cell (CUDA devices "
+           "only). Neither counts the CUDA context."),
+    Column("achieved GFLOP/s, % of peak", "the step's FLOPs (`torch.utils.flop_counter`; Adam's elementwise update "
+           "is not counted) ÷ the median step time, against the best rate of a matmul probe on the same device in "
+           "the precision the step's FLOPs run in (in brackets): fp32; for fp32 rows on CUDA, TF32 or fp32 for the "
+           "convolutions and matmuls as torch's flags say, weighted by their FLOPs; bf16 or fp16 for mixed "
+           "precision. How far from the hardware the step runs."),
+    Column("memory vs eager", "eager's steady peak ÷ this row's (CUDA allocated where both have it, else RSS; "
+           "measured steps only): > 1 means this row uses less memory than eager, < 1 more. A row that replays "
+           "CUDA graphs is compared by reserved memory; a backend with an allocator of its own gets none on CUDA."),
+    Column("page faults / step, kernel CPU s / step", "from `getrusage` around the measured steps (every thread of "
+           "the cell's process): the OS's share of a step. A tensor larger than glibc's mmap threshold is mapped "
+           "and zeroed anew each step, so a step that frees and re-allocates hundreds of MB pays here; `--malloc "
+           "reuse` keeps freed memory in the process."),
+    Column("dynamo graphs / breaks / recompiles", "what `torch.compile` captured during the cell: graphs, graph "
+           "breaks (the reasons are in the JSON) and recompiles; \"fell back to eager\" where dynamo captured "
+           "nothing or hit its recompile limit. On CUDA, the CUDA graphs inductor recorded and skipped."),
+    Column("compile cache", "`cold` by default (a fresh inductor cache per cell); `--compile-cache warm` runs each "
+           "cell twice sharing its cache and reports the warm run, the cold times beside it."),
+    Column("compile workers (peak RSS)", "inductor's compile workers in the cell (torch's own count unless "
+           "`--compile-threads`); their summed peak RSS, sampled every 0.1 s through compile and warm-up, in "
+           "brackets."),
+    Column("scaling efficiency, ranks identical", "with `--nproc`: global throughput ÷ (ranks × the same "
+           "backend's single-process throughput); ranks identical: every rank's weights after the first step "
+           "equal rank 0's, bit for bit.", ("train",)),
+)
+
+
+def columns(mode: str, unit: str = "image") -> list[tuple[str, str]]:
+    """Each column's name and meaning, worded for ``mode`` and the throughput ``unit``."""
+    words = {"step": STEP_IS[mode], "lazy": LAZY[mode], "judged": PARITY_JUDGES[mode], "unit": unit,
+             "steps": plural(STEP_UNIT[mode], 2)}
+    return [(c.name.format(**words), c.meaning.format(**words)) for c in COLUMNS if mode in c.modes]
+
+
+def how_to_read(mode: str, unit: str = "image") -> str:
+    """The report's legend: every column, worded for ``mode``'s step."""
+    return "\n".join(f"- **{name}**: {meaning}" for name, meaning in columns(mode, unit))
+
+
+#: The markers around the generated legend in docs/reading.md.
+BEGIN = "<!-- columns: generated by `python -m cnncompare.core.report.legend docs/reading.md`; edit legend.py -->"
+END = "<!-- columns: end -->"
+
+
+def with_legend(page: str) -> str:
+    """``page`` with its generated block replaced by the training legend."""
+    head, found, rest = page.partition(BEGIN)
+    if not found or END not in rest:
+        raise ValueError(f"no generated block ({BEGIN} ... {END})")
+    return head + BEGIN + "\n" + how_to_read("train") + "\n" + END + rest.split(END, 1)[1]
+
+
+if __name__ == "__main__":
+    target = Path(sys.argv[1])
+    target.write_text(with_legend(target.read_text(encoding="utf-8")), encoding="utf-8")

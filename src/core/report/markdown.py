@@ -17,8 +17,21 @@ from ..stats import kernel_share_hint
 from .charts import PLOT_HINT
 from .formatting import md_cell, md_code, num
 from .legend import how_to_read
-from .summary import parity_cost_line, randomness_line, rounds_line, run_line, scaling_line, summary_line
-from .tables import device_table, diagnostics_table, parity_table, scaling_table
+from .summary import (
+    parity_cost_line,
+    randomness_line,
+    rounds_line,
+    run_line,
+    scaling_line,
+    setup_rows,
+    summary_line,
+    use_it_line,
+)
+from .tables import cost_table, device_table, diagnostics_table, parity_table, scaling_table
+
+#: Under a table that shows a ``*``: what it means, where it first appears.
+STAR_NOTE = ("`*`: the speedup's 95 % interval is wider than `--target`; each device's rounds line says what a "
+             "run would need to narrow it.")
 
 
 def _env_value(key: str, value: Any) -> Any:
@@ -54,24 +67,29 @@ def render_markdown(report: RunReport, charts: Optional[list[tuple[str, str]]] =
     means matplotlib is missing, and the report says how to get them."""
     env, config = report.environment, report.config
     out = ["# cnncompare report", ""]
-    status = "**interrupted**: this run was stopped before every cell finished. " if report.interrupted else ""
-    out.append(status + run_line(report))
-    out += ["", "## Summary", ""]
+    if report.interrupted:
+        out += ["**interrupted**: this run was stopped before every cell finished.", ""]
+    out += ["## Summary", ""]
     devices = report.devices()
     for device in devices:
         out.append(summary_line(report.verdicts[device], config.mode))
+        out += [line for line in [use_it_line(report.verdicts[device])] if line]
     if not devices:
         out.append("No cell finished.")
-    if charts:
-        out += [""] + [f"![{md_cell(title)}]({name})" for title, name in charts]
-    elif final and charts is None:
-        out += ["", PLOT_HINT]
+    if any(_starred(report.rows(device)) for device in devices):
+        out += ["", STAR_NOTE]
+    out += ["", "Setup:", ""] + [f"- **{key}**: {value}" for key, value in setup_rows(report)]
     for device in devices:
         rows = report.rows(device)
         out += ["", f"## {md_cell(device)}", "", device_table(rows, config)]
+        if _starred(rows):
+            out += ["", STAR_NOTE]
         rounds = rounds_line(device, report.round_log.get(device, []), report.rows(device), report.config)
         if rounds:
             out += ["", rounds]
+        costs = cost_table(rows, config)
+        if costs:
+            out += ["", f"Throughput, compile time and memory ({md_cell(device)}):", "", costs]
         diagnostics = diagnostics_table(rows)
         if diagnostics:
             peaks = {r.peak_precision or "fp32": r.peak_gflops for r in rows if r.peak_gflops}
@@ -90,13 +108,22 @@ def render_markdown(report: RunReport, charts: Optional[list[tuple[str, str]]] =
         scaling = scaling_table(rows, config)
         if scaling:
             out += ["", scaling_line(device, rows, config) or "", "", scaling]
-    out += ["", "## How to read this", "", how_to_read(config.mode).rstrip()]
+    if charts:
+        out += ["", "## Charts", ""] + [f"![{md_cell(title)}]({name})" for title, name in charts]
+    elif final and charts is None:
+        out += ["", PLOT_HINT]
+    out += ["", "## How to read this", "", how_to_read(config.mode, config.workload.unit).rstrip()]
     out += ["", "## Environment", "", _environment_table(env)]
     out += ["", "## Configuration", "", _config_table(config)]
     notes = _notes(report)
     if notes:
         out += ["", "## Notes", ""] + notes
     return "\n".join(out).rstrip() + "\n"
+
+
+def _starred(rows: list[CellResult]) -> bool:
+    """Whether a speedup among ``rows`` is printed with ``*`` (``formatting.speedup``)."""
+    return any(r.target_reached is False and r.speedup_vs_eager is not None for r in rows)
 
 
 def _kernel_time_hint(rows: list[CellResult], config: RunConfig) -> str:

@@ -26,6 +26,38 @@ from .formatting import md_cell, num, per_s, speedup
 from .wording import STEP_UNIT, plural
 
 
+def setup_rows(report: RunReport) -> list[tuple[str, str]]:
+    """The run's setup, a few short items for the report's first screen: machine, workload and
+    step, batch, how the steps were measured, when."""
+    env, config = report.environment, report.config
+    gpus = ", ".join(g["name"] for g in env.get("gpus") or [])
+    workload = config.workload
+    options = ", ".join(f"{k} {v}" for k, v in workload.options.items())
+    step = ("inference: one forward of the eval-mode model per step" if config.mode == "inference"
+            else "training: forward, loss, backward and Adam per step")
+    rows = [
+        ("machine", f"{md_cell(env.get('cpu'))}, {env.get('threads')} threads" + (f"; {md_cell(gpus)}" if gpus else "")),
+        ("software", f"torch {md_cell(env.get('torch'))}, cnncompare {md_cell(env.get('cnncompare'))}"),
+        ("workload", f"**{md_cell(workload.name)}**" + (f" ({md_cell(options)})" if options else "") + f"; {step}"),
+        ("batch", f"{config.batch_size} {md_cell(plural(workload.sample_unit, config.batch_size))}"),
+        ("measured", _protocol(report)),
+        ("started", md_cell(report.started_at or env.get("date", ""))),
+    ]
+    if config.malloc != "system":
+        rows.append(("C allocator", f"`--malloc {md_cell(config.malloc)}`"))
+    return rows
+
+
+def _protocol(report: RunReport) -> str:
+    config = report.config
+    if paired(report):
+        return (f"{config.warmup} warm-up steps, then {config.steps} step pairs with a warm eager process per cell and "
+                f"round; at least {config.rounds} rounds, more while an interval is wider than ±{config.target:g} % "
+                f"and the {config.budget_s:g} s budget allows")
+    return (f"{config.warmup} warm-up + {config.steps} measured steps per cell"
+            + (f" and round, {config.rounds} rounds" if config.rounds > 1 else ""))
+
+
 def run_line(report: RunReport, batch: Optional[str] = None) -> str:
     """Who measured what where: the machine, torch, the workload and the protocol. ``batch``
     replaces the config's batch size (a sweep's sizes)."""
@@ -41,12 +73,7 @@ def run_line(report: RunReport, batch: Optional[str] = None) -> str:
         f"Workload **{md_cell(workload.name)}**" + (f" ({md_cell(options)})" if options else "")
         + (", **inference** (one forward of the eval-mode model per step)" if config.mode == "inference"
            else ", **training** (forward, loss, backward, Adam per step)")
-        + f", batch {size} {md_cell(plural(workload.sample_unit, size))}, "
-        + (f"{config.warmup} warm-up steps and {config.steps} step pairs with a warm eager process per cell and "
-           f"round, at least {config.rounds} rounds, more while an interval is wider than ±{config.target:g} % and "
-           f"the {config.budget_s:g} s budget allows" if paired(report) else
-           f"{config.warmup} warm-up + {config.steps} measured steps per cell"
-           + (f" and round, {config.rounds} rounds" if config.rounds > 1 else ""))
+        + f", batch {size} {md_cell(plural(workload.sample_unit, size))}, " + _protocol(report)
         + (f"; C allocator: `--malloc {md_cell(config.malloc)}`" if config.malloc != "system" else "")
         + "."
     )
@@ -69,6 +96,14 @@ def summary_line(v: Verdict, mode: str = "train") -> str:
     if v.control is not None and v.control.speedup_vs_eager is not None:
         line += f" Noise floor (eager against itself, `{CONTROL}`): {speedup(v.control)}."
     return line
+
+
+def use_it_line(v: Verdict) -> Optional[str]:
+    """The pick's "use it" line (the code to write), indented under its summary line; None
+    without a pick or where the row recorded none (reports from before rows did)."""
+    if v.pick is None or v.best is None or not v.best.use_it:  # the pick is the best row
+        return None
+    return f"  Use it: `{v.best.use_it}`"
 
 
 def _ranked_line(v: Verdict, mode: str) -> str:

@@ -47,49 +47,58 @@ def _sorted(results: list[CellResult]) -> list[CellResult]:
 
 
 def device_table(results: list[CellResult], config: RunConfig) -> str:
-    cuda = any(r.cuda_peak_allocated_mb is not None for r in results)
-    phases = any(r.peak_rss_steady_mb is not None for r in results)  # older reports: lifetime peaks only
-    headers = ["backend", "status", "step median (s)", "IQR (s)", per_s(config), "speedup vs eager",
-               "compile (s)", "first step (s)", "break-even (steps)",
-               "peak RSS steady / one-off (MB)" if phases else "peak RSS (MB)"]
+    """The main table, what a verdict is read from (about 160 characters wide at most): speedup,
+    step time, what compiling costs up front, parity and precision; the rest is in ``cost_table``."""
     latency = any(r.latency_p50_s is not None for r in results)
-    if latency:
-        headers.insert(4, "latency p50 / p90 / p99 (ms)")
-    if cuda:
-        headers += ["CUDA peak alloc steady / one-off (MB)", "CUDA peak reserved (MB)"]
-    headers.append("parity (worst ÷ limit)" if any(r.parity and r.parity.margin is not None for r in results)
-                   else "parity (max rel. err)")
     measured = any(measured_precision(r) for r in results)
-    if measured:
-        headers.append("computes in")
+    headers = ["backend", "status", "speedup vs eager", "step median (s)"]
+    headers += ["latency p50 / p90 / p99 (ms)"] if latency else []
+    headers += ["first step (s)", "break-even",
+                "parity" if any(r.parity and r.parity.margin is not None for r in results) else "parity (max rel. err)"]
+    headers += ["computes in"] if measured else []
     rows = []
     for r in _sorted(results):
         s = r.step_s
-        row = [
-            md_cell(r.backend),
-            md_cell(r.status.value),
-            num(s.median if s else None),
-            num(s.iqr if s else None, 2),
-            num(r.images_per_s),
-            speedup(r),
-            num(r.compile_s) + (f" (warm {num(r.warm_compile_s)})" if r.warm_compile_s is not None else ""),
-            num(r.first_step_s) + (f" (warm {num(r.warm_first_step_s)})" if r.warm_first_step_s is not None else ""),
-            str(r.break_even_steps) if r.break_even_steps is not None else "–",
-            _steady_and_one_off(r.peak_rss_steady_mb, one_off_peak(r.peak_rss_first_step_mb, r.peak_rss_warmup_mb),
-                                r.peak_rss_mb),
-        ]
+        row = [md_cell(r.backend), md_cell(r.status.value), speedup(r), num(s.median if s else None)]
         if latency:
-            row.insert(4, " / ".join(num(v * 1000 if v is not None else None)
-                                     for v in (r.latency_p50_s, r.latency_p90_s, r.latency_p99_s)))
+            row.append(" / ".join(num(v * 1000 if v is not None else None)
+                                  for v in (r.latency_p50_s, r.latency_p90_s, r.latency_p99_s)))
+        row += [num(r.first_step_s), str(r.break_even_steps) if r.break_even_steps is not None else "–",
+                _parity_cell(r)]
+        if measured:
+            row.append(_precision_cell(r))
+        rows.append(row)
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def cost_table(results: list[CellResult], config: RunConfig) -> Optional[str]:
+    """Throughput, the step's spread, compile time and memory, rows as in ``device_table``; None
+    where no row was measured."""
+    cuda = any(r.cuda_peak_allocated_mb is not None for r in results)
+    phases = any(r.peak_rss_steady_mb is not None for r in results)  # older reports: lifetime peaks only
+    warm = any(r.warm_first_step_s is not None for r in results)
+    headers = ["backend", per_s(config), "IQR (s)", "compile (s)"] + (["warm first step (s)"] if warm else [])
+    headers.append("peak RSS steady / one-off (MB)" if phases else "peak RSS (MB)")
+    if cuda:
+        headers += ["CUDA peak alloc steady / one-off (MB)", "CUDA peak reserved (MB)"]
+    rows = []
+    for r in _sorted(results):
+        s = r.step_s
+        if s is None and r.compile_s is None:
+            continue
+        row = [md_cell(r.backend), num(r.images_per_s), num(s.iqr if s else None, 2),
+               num(r.compile_s) + (f" (warm {num(r.warm_compile_s)})" if r.warm_compile_s is not None else "")]
+        row += [num(r.warm_first_step_s)] if warm else []
+        row += [_steady_and_one_off(r.peak_rss_steady_mb, one_off_peak(r.peak_rss_first_step_mb, r.peak_rss_warmup_mb),
+                                    r.peak_rss_mb)]
         if cuda:
             row += [_steady_and_one_off(r.cuda_peak_allocated_steady_mb,
                                         one_off_peak(r.cuda_peak_allocated_first_step_mb,
                                                      r.cuda_peak_allocated_warmup_mb), r.cuda_peak_allocated_mb),
                     num(r.cuda_peak_reserved_mb, 4)]
-        row.append(_parity_cell(r))
-        if measured:
-            row.append(_precision_cell(r))
         rows.append(row)
+    if not rows:
+        return None
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 

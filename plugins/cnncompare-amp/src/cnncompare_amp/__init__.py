@@ -11,8 +11,8 @@ for bf16, 11 for fp16), so no step can match float64 to fp32's accuracy. Each
 backend declares its ``precision``; cnncompare then holds it to that precision's
 own error on every tensor, measured by eager under autocast in the same
 precision over the same steps (see cnncompare's docs/parity.md), so the default
-relative tolerance applies: no tolerance of its own is needed. Measured at the
-seed config: amp-bf16 passes at 0.2 of its limit; a gradient 10 % too large, twice
+relative tolerance applies: no tolerance of its own is needed. Measured at
+cnncompare's default config: amp-bf16 passes at 0.2 of its limit; a gradient 10 % too large, twice
 the learning rate, a skipped first update and frozen BatchNorm statistics fail.
 Other Adam betas are inside bf16's own spread by the parity step and pass.
 """
@@ -75,12 +75,15 @@ class AmpBf16(_Autocast):
     dtype = torch.bfloat16
     precision = "bf16"  # % of peak against a bf16 matmul's peak; parity held to bf16 eager's own error
     description = "eager under torch.autocast(bfloat16); parity held to bf16's own error"
+    use_it = 'with torch.autocast("{device}", dtype=torch.bfloat16): output = model(x)  # loss and backward outside'
 
 
 class CompileAmpBf16(AmpBf16):
     name = "compile-amp-bf16"
     compiled = True
     description = "torch.compile(model) under torch.autocast(bfloat16); parity held to bf16's own error"
+    use_it = ('model = torch.compile(model); with torch.autocast("{device}", dtype=torch.bfloat16): output = model(x)'
+              '  # loss and backward outside')
 
 
 class AmpFp16(_Autocast):
@@ -88,6 +91,8 @@ class AmpFp16(_Autocast):
     dtype = torch.float16
     precision = "fp16"
     description = "eager under torch.autocast(float16) with a GradScaler; parity held to fp16's own error"
+    use_it = ('scaler = torch.amp.GradScaler("{device}"); with torch.autocast("{device}", dtype=torch.float16): '
+              'loss = loss_fn(model(x), y); scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()')
 
     def unavailable_reason(self, device):
         if device.type != "cuda":
@@ -115,6 +120,7 @@ class CompileAmpFp16(AmpFp16):
     name = "compile-amp-fp16"
     compiled = True
     description = "torch.compile(model) under torch.autocast(float16) with a GradScaler; parity held to fp16's own error"
+    use_it = "model = torch.compile(model), then amp-fp16's GradScaler and autocast(float16) step"
 
 
 @cnncompare.hookimpl

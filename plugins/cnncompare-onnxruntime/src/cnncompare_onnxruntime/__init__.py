@@ -34,6 +34,8 @@ class OnnxRuntime:
     own_allocator = True  # its arena, not torch's: CUDA peaks can't see it
     description = ("torch.onnx.export (dynamo exporter), run by an ONNX Runtime InferenceSession (all graph "
                    "optimisations; CPU provider, CUDA's on CUDA devices with host copies counted)")
+    use_it = ('torch.onnx.export(model.eval(), (example_batch,), "model.onnx", dynamo=True); '
+              'session = onnxruntime.InferenceSession("model.onnx"); session.run(None, {session.get_inputs()[0].name: x.numpy()})')
     modes = ("inference",)
 
     def unavailable_reason(self, device):
