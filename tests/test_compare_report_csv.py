@@ -46,17 +46,62 @@ BASE = _run([("eager", "cpu", "ok", 1.0), ("compile", "cpu", "ok", 0.8), ("jit-t
 NEW = _run([("eager", "cpu", "ok", 1.005), ("compile", "cpu", "ok", 1.0), ("jit-trace", "cpu", "fail_run", 0), ("broken", "cpu", "crashed", 0)])
 
 
-def test_the_rounds_test_separates_noise_from_a_real_slowdown():
-    cells = {c.backend: c for c in compare_runs(BASE, NEW)}
-    assert cells["compile"].ratio == pytest.approx(1.25, rel=0.02)
-    assert cells["compile"].significant(0.05)
-    assert not cells["eager"].significant(0.05)  # +0.5 % inside a 2 % spread
+def test_the_rounds_test_separates_noise_from_a_real_slowdown_in_step_times():
+    cells = {c.backend: c for c in compare_runs(BASE, NEW, absolute=True)}
+    assert cells["compile"].slowdown == pytest.approx(1.25, rel=0.02)
+    assert cells["compile"].beyond_noise(0.05)
+    assert not cells["eager"].beyond_noise(0.05)  # +0.5 % inside a 2 % spread
     assert not cells["jit-trace"].comparable and not cells["broken"].comparable
     assert [c.backend for c in regressions(list(cells.values()), 10)] == ["compile"]
     assert regressions(list(cells.values()), 30) == []
-    # One round on a side: the steps of one process are not independent repeats, so nothing is tested.
-    one = {c.backend: c for c in compare_runs(_run([("compile", "cpu", "ok", 0.8)], rounds=1), NEW)}
-    assert one["compile"].ratio == pytest.approx(1.25, rel=0.02) and one["compile"].p_value is None
+    # One round on a side: the steps of one process are not independent repeats, so nothing is tested,
+    # and an untested change never fails the gate.
+    one = {c.backend: c for c in compare_runs(_run([("compile", "cpu", "ok", 0.8)], rounds=1), NEW, absolute=True)}
+    assert one["compile"].slowdown == pytest.approx(1.25, rel=0.02) and one["compile"].p_value is None
+    assert one["compile"].beyond_noise(0.05) is None and regressions(list(one.values()), 10) == []
+
+
+def _paired_run(slowdown: float, rounds: int = 4, seed: int = 0, step: float = 0.02):
+    """A paired run: eager, its A/A control and ``work`` (eager's step x ``slowdown``), each row's
+    rounds paired step by step with a warm eager process whose speed moves 3 % from round to round,
+    the steps 8 % apart (this machine's measured levels at the default config)."""
+    rng = random.Random(seed)
+    results = [CellResult(backend="eager", device="cpu", status=Status.OK, compile_s=0.0, first_step_s=step)]
+    results[0].round_samples = [[step * rng.lognormvariate(0, 0.08) for _ in range(24)] for _ in range(rounds)]
+    results[0].step_s = StepStats.from_samples([x for r in results[0].round_samples for x in r])
+    for name, factor in (("eager-control", 1.0), ("work", slowdown)):
+        row = CellResult(backend=name, device="cpu", status=Status.OK, compile_s=0.0, first_step_s=step * factor)
+        row.round_samples, row.round_eager_samples = [], []
+        for _ in range(rounds):
+            level = step * rng.lognormvariate(0, 0.03)
+            row.round_eager_samples.append([level * rng.lognormvariate(0, 0.08) for _ in range(24)])
+            row.round_samples.append([level * factor * rng.lognormvariate(0, 0.08) for _ in range(24)])
+        row.step_s = StepStats.from_samples([x for r in row.round_samples for x in r])
+        results.append(row)
+    return RunReport(environment=dict(ENV), config=CONFIG, results=results, started_at="t")
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_gate_on_speedups_fails_a_planted_slowdown_and_passes_a_repeat(seed):
+    base, repeat, slowed = _paired_run(1.0, seed=seed), _paired_run(1.0, seed=seed + 100), _paired_run(1.3, seed=seed + 200)
+    assert regressions(compare_runs(base, repeat), 5) == []  # the same code twice: noise, not a regression
+    cells = {c.backend: c for c in compare_runs(base, slowed)}
+    assert [c.backend for c in regressions(list(cells.values()), 5)] == ["work"]
+    assert cells["work"].slowdown == pytest.approx(1.3, rel=0.08) and cells["work"].interval[0] > 1
+    assert cells["eager"].baseline and not cells["eager-control"].beyond_noise(0.05)
+    assert regressions(list(cells.values()), 50) == []  # slower, but not by more than the threshold
+
+
+def test_the_committed_repeat_of_the_default_run_passes_the_gate(capsys):
+    from pathlib import Path
+
+    reports = Path(__file__).resolve().parents[1] / "reports"
+    argv = ["compare", str(reports / "cpu-seed.json"), str(reports / "cpu-seed-repeat.json"), "--fail-above", "5"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "Gate (--fail-above 5 %: slower by more than that, beyond noise)**: passed." in out
+    rows = [line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| ") and "x " in line]
+    assert rows[:3] == ["eager-fused", "amp-bf16", "compile-step"]  # ordered as the new run's report
 
 
 def _write(tmp_path, name, report):
@@ -69,13 +114,15 @@ def test_compare_cli_prints_tables_and_gates(tmp_path, capsys):
     base, new = _write(tmp_path, "base.json", BASE), _write(tmp_path, "new.json", NEW)
     assert main(["compare", base, new]) == 0
     out = capsys.readouterr().out
-    assert "| compile" in out and "slower" in out and "within noise" in out
+    assert "| compile" in out and "slower" in out and "the baseline" in out and "Each row's speedup over eager" in out
     assert "not comparable (base ok, new fail_run)" in out
-    assert "Welch's t-test on the rounds' log medians" in out
     assert main(["compare", base, new, "--fail-above", "10"]) == 1  # EXIT_FOUND: a regression, not a failure
     assert "failed: compile on cpu (+2" in capsys.readouterr().out
     assert main(["compare", base, new, "--fail-above", "50"]) == 0
     assert "passed" in capsys.readouterr().out
+    assert main(["compare", base, new, "--absolute"]) == 0
+    out = capsys.readouterr().out
+    assert "**unpaired**" in out and "Welch's t-test on the rounds' log medians" in out and "within noise" in out
 
 
 def test_compare_shows_a_changed_environment(tmp_path, capsys):

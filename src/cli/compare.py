@@ -1,4 +1,5 @@
-"""``cnncompare compare BASE.json NEW.json``: two runs cell by cell, and a CI gate."""
+"""``cnncompare compare BASE.json NEW.json``: two runs row by row (each row's speedup over eager, or
+with ``--absolute`` its step time), and a CI gate (``core/report/compare``)."""
 from __future__ import annotations
 
 import argparse
@@ -21,9 +22,9 @@ def compare_command(args: argparse.Namespace) -> int:
                 f"{a.name} with other options ({_options_text(a.options)} vs {_options_text(b.options)})")
         raise UsageError(f"the runs trained different workloads ({what}); their step times measure different "
                          f"work (--any-workload compares them anyway)")
-    cells = compare_runs(base, new)
-    print(render_comparison(base, new, cells, args.alpha, args.fail_above), end="")
-    if args.fail_above is not None and regressions(cells, args.fail_above):
+    cells = compare_runs(base, new, args.absolute)
+    print(render_comparison(base, new, cells, args.alpha, args.fail_above, args.absolute), end="")
+    if args.fail_above is not None and regressions(cells, args.fail_above, args.alpha):
         return EXIT_FOUND
     return EXIT_OK
 

@@ -75,16 +75,19 @@ def render_backends(registry, slots) -> str:
 
 
 def render_workloads(registry) -> str:
-    """Every registered workload with its options, and the ones found by name."""
-    from tabulate import tabulate
-
+    """Every registered workload as a short block (its options with their defaults first), and
+    the ones found by name."""
     from ..workloads.base import description
 
-    workloads = [[name + (" (default)" if name == DEFAULT_WORKLOAD else ""), registry.workload_origin[name],
-                  w.sample_unit, ", ".join(f"{k}={v}" for k, v in w.options.items()) or "–", description(w)]
-                 for name, w in registry.workloads.items()]
-    return (tabulate(workloads, headers=["workload", "plugin", "sample", "options (defaults)", "description"],
-                     tablefmt="simple")
+    blocks = []
+    for name, w in registry.workloads.items():
+        options = ", ".join(f"{k}={v}" for k, v in w.options.items()) or "no options"
+        lines = [f"{name}{' (default)' if name == DEFAULT_WORKLOAD else ''}: {options}"]
+        if about := description(w):
+            lines.append(f"  {about}")
+        lines.append(f"  one sample: one {w.sample_unit}; plugin: {registry.workload_origin[name]}")
+        blocks.append("\n".join(lines))
+    return ("\n\n".join(blocks)
             + "\n\nAlso: --workload torchvision:<model> or timm:<model> (when the library is installed), and your "
             "own model as FILE.py:FUNCTION or MODULE:FUNCTION ('cnncompare docs workloads').")
 

@@ -243,15 +243,22 @@ def build_parser() -> argparse.ArgumentParser:
     _guard_repeats(ls)
 
     cmp = sub.add_parser("compare", prog="cnncompare compare", help="compare two runs' JSON reports (a CI gate)",
-                         description="Compare two runs' step times cell by cell (Welch's t-test on the rounds' log medians).")
+                         description="Compare two runs row by row: each row's speedup over eager as its run's verdict "
+                         "measured it (paired inside each run), the change with its 95 %% interval from both runs' "
+                         "intervals; --absolute compares step times instead (unpaired: Welch's t-test on the rounds' "
+                         "log medians).")
     cmp.add_argument("base", type=Path, metavar="BASE.json", help="the earlier run's JSON report")
     cmp.add_argument("new", type=Path, metavar="NEW.json", help="the later run's JSON report")
     cmp.add_argument("--fail-above", type=_bounded_float(lambda v: v >= 0, "a percentage >= 0"), default=None,
-                     metavar="PCT", help="exit 1 when a cell ok in both runs got slower by more than PCT percent")
+                     metavar="PCT", help="exit 1 when a row ok in both runs got slower by more than PCT percent and "
+                     "the change is beyond noise (its 95 %% interval excludes no change; --absolute: p < --alpha)")
     from ..core.stats import DEFAULT_ALPHA
 
+    cmp.add_argument("--absolute", action="store_true",
+                     help="compare step times (eager's too: across machines or torch releases), unpaired, instead of "
+                     "each row's speedup over eager")
     cmp.add_argument("--alpha", type=_bounded_float(lambda v: 0 < v < 1, "between 0 and 1"), default=DEFAULT_ALPHA,
-                     help=f"significance level of the test (default: {DEFAULT_ALPHA})")
+                     help=f"significance level of --absolute's test (default: {DEFAULT_ALPHA})")
     cmp.add_argument("--any-workload", action="store_true",
                      help="compare runs of different workloads (or of one workload with other options) cell by cell")
     _guard_repeats(cmp)

@@ -53,20 +53,11 @@ ADDED_BECAUSE = {
 }
 
 
-def warmup_text(config: RunConfig) -> str:
-    """The warm-up steps the cells run: round 1 at least parity's (it judges the step after them)."""
-    from ..core.cell.parity import PARITY_MIN_WARMUP
-
-    if config.warmup >= PARITY_MIN_WARMUP:
-        return f"{config.warmup} warm-up"
-    return (f"{PARITY_MIN_WARMUP} warm-up in round 1 (parity judges step {PARITY_MIN_WARMUP + 1}; --warmup "
-            f"{config.warmup} applies to later rounds)")
-
-
 def render_plan(configs: list[RunConfig], registry, slots, output_dir: Path, added: Sequence[str] = ()) -> str:
     """What ``run`` would do with ``configs`` on ``slots``: per device, the backends that run and
     those skipped (with why), those added though not named (with why), the cells and rounds, and
     the estimated time."""
+    from ..core.report.summary import warmup_text
     from ..core.run.orchestrate import unavailable
 
     lines = []

@@ -191,7 +191,7 @@ def run(config: RunConfig, registry, slots, outputs: Outputs, resumed=None, echo
 
 
 def _summary(markdown: str) -> str:
-    """The report's first lines and its Summary section's verdicts (not the setup table): what
+    """The report's first lines and its Summary section's verdicts (not the setup list): what
     stdout shows of a run."""
     head, _, rest = markdown.partition("\n## Summary\n")
     body = rest.split("\n## ", 1)[0].split("\nSetup:\n", 1)[0]

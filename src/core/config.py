@@ -49,6 +49,11 @@ DEFAULT_WORKLOAD = "seed-cnn"
 #: inference: one forward of the eval-mode model under inference_mode (docs/inference.md).
 MODES = ("train", "inference")
 
+#: Steps before parity's step, at least, whatever ``--warmup`` says: the parity step is then step
+#: 3 or later, after Adam has state (step 2), after a CUDA-graph tree has recorded (step 2) and
+#: replays, and after a step whose loss could only be right if step 2 trained (``cell/parity.py``).
+PARITY_MIN_WARMUP = 2
+
 #: Measured steps (step pairs with eager's) per cell and round when ``--steps`` is not given: in
 #: training, rounds narrow the interval more than steps do (docs/verdicts.md), so a round is
 #: short; a forward is cheap, and inference's latency percentiles need samples.

@@ -61,6 +61,9 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+# Steps before the parity step, at least: stated in config, where the command line and the report read it
+# without torch.
+from ..config import PARITY_MIN_WARMUP
 from ..records import Parity
 from .training import output_tensors, trained_parameters
 
@@ -69,10 +72,6 @@ from .training import output_tensors, trained_parameters
 #: correct backend under its limit where the sensitivity is fp32 eager's own.
 PARITY_MULTIPLIER = 5.0
 
-#: Steps before the parity step, at least: it is then step 3 or later, after Adam has state
-#: (step 2), after a CUDA-graph tree has recorded (step 2) and replays, and after a step
-#: whose loss could only be right if step 2 trained.
-PARITY_MIN_WARMUP = 2
 
 #: The scale test's tolerance beyond the sensitivity: rounding, in any precision, moves a
 #: tensor's size along the reference by far less (measured: under 1 % for bf16 at the seed

@@ -92,18 +92,20 @@ COLUMNS: tuple[Column, ...] = (
            "once: its compiling lands in the first step."),
     Column("peak RSS steady / one-off (MB)", "peak resident memory of the cell's process over the measured steps "
            "(steady) and over compile, first step and warm-up (one-off: autotuning, CUDA-graph recording, the "
-           "parity snapshot). Inductor's compile workers are processes of their own and not in it (see compile "
-           "workers)."),
+           "parity snapshot); the JSON has each phase (`peak_rss_first_step_mb`, `peak_rss_warmup_mb`, "
+           "`peak_rss_steady_mb`) and the lifetime peak `peak_rss_mb`. Inductor's compile workers are processes of "
+           "their own and not in it (see compile workers)."),
     Column("CUDA peak alloc steady / one-off, reserved (MB)", "`torch.cuda.max_memory_allocated` over the measured "
            "steps and over compile, first step and warm-up; `max_memory_reserved` over the cell (CUDA devices "
            "only). Neither counts the CUDA context."),
     Column("achieved GFLOP/s, % of peak", "the step's FLOPs (`torch.utils.flop_counter`; Adam's elementwise update "
-           "is not counted) ÷ the median step time, against the best rate of a matmul probe on the same device in "
-           "the precision the step's FLOPs run in (in brackets): fp32; for fp32 rows on CUDA, TF32 or fp32 for the "
+           "is not counted) ÷ the median step time, against the best rate of a matmul probe on the same device (1024² on the CPU, 8192² on CUDA; "
+           "best of 10) in the precision the step's FLOPs run in (in brackets): fp32; for fp32 rows on CUDA, TF32 or fp32 for the "
            "convolutions and matmuls as torch's flags say, weighted by their FLOPs; bf16 or fp16 for mixed "
            "precision. How far from the hardware the step runs."),
     Column("memory vs eager", "eager's steady peak ÷ this row's (CUDA allocated where both have it, else RSS; "
-           "measured steps only): > 1 means this row uses less memory than eager, < 1 more. A row that replays "
+           "measured steps only, so one-off peaks such as autotuning are not in it): > 1 means this row uses less "
+           "memory than eager, < 1 more. A row that replays "
            "CUDA graphs is compared by reserved memory; a backend with an allocator of its own gets none on CUDA."),
     Column("page faults / step, kernel CPU s / step", "from `getrusage` around the measured steps (every thread of "
            "the cell's process): the OS's share of a step. A tensor larger than glibc's mmap threshold is mapped "

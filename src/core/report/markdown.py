@@ -29,7 +29,7 @@ from .summary import (
 )
 from .tables import cost_table, device_table, diagnostics_table, parity_table, scaling_table
 
-#: Under a table that shows a ``*``: what it means, where it first appears.
+#: What a ``*`` means, where it first appears: under the summary and under each table that shows one.
 STAR_NOTE = ("`*`: the speedup's 95 % interval is wider than `--target`; each device's rounds line says what a "
              "run would need to narrow it.")
 

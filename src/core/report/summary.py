@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from ..config import RunConfig
+from ..config import PARITY_MIN_WARMUP, RunConfig
 from ..results import CellResult, RoundInfo, RunReport
 from ..stats import (
     CONFIDENCE,
@@ -48,13 +48,21 @@ def setup_rows(report: RunReport) -> list[tuple[str, str]]:
     return rows
 
 
+def warmup_text(config: RunConfig) -> str:
+    """The warm-up steps the cells run: in round 1 at least parity's (it judges the step after them)."""
+    if config.warmup >= PARITY_MIN_WARMUP:
+        return f"{config.warmup} warm-up"
+    return (f"{PARITY_MIN_WARMUP} warm-up in round 1 (parity judges step {PARITY_MIN_WARMUP + 1}; --warmup "
+            f"{config.warmup} applies to later rounds)")
+
+
 def _protocol(report: RunReport) -> str:
     config = report.config
     if paired(report):
-        return (f"{config.warmup} warm-up steps, then {config.steps} step pairs with a warm eager process per cell and "
+        return (f"{warmup_text(config)} steps, then {config.steps} step pairs with a warm eager process per cell and "
                 f"round; at least {config.rounds} rounds, more while an interval is wider than ±{config.target:g} % "
                 f"and the {config.budget_s:g} s budget allows")
-    return (f"{config.warmup} warm-up + {config.steps} measured steps per cell"
+    return (f"{warmup_text(config)} + {config.steps} measured steps per cell"
             + (f" and round, {config.rounds} rounds" if config.rounds > 1 else ""))
 
 

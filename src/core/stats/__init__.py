@@ -1,7 +1,7 @@
 """Every statistic and derived figure, with its thresholds named once; renderers only format.
 
-- ``intervals``  pure statistics over step seconds: summaries, paired speedup intervals, the
-                 test ``compare`` uses. Imports nothing of cells or reports.
+- ``intervals``  pure statistics over step seconds: summaries, paired speedup intervals, what
+                 ``compare`` uses (two runs' intervals combined, the rounds' test). Imports nothing of cells or reports.
 - ``figures``    a report's derived figures (``derive``): throughput, speedup, break-even, memory
                  ratio, % of peak, DDP scaling, latency, parity's cost, the allocator hint.
 - ``verdict``    which backend to pick on a device, and how far to trust it.
@@ -39,6 +39,7 @@ from .intervals import (
     Rounds,
     StepStats,
     half_width,
+    interval_ratio,
     paired_ratio,
     paired_speedup,
     quartiles_overlap,
@@ -53,7 +54,7 @@ from .verdict import CONTROL, Verdict, verdict
 
 __all__ = ["BOOTSTRAP_RESAMPLES", "CONFIDENCE", "CONTROL", "DEFAULT_ALPHA", "KERNEL_SHARE_HINT",
            "LATENCY_PERCENTILES", "MIN_PAIRED_ROUNDS", "NOISE_THRESHOLD", "PairedRounds", "ParityCost", "Pooled", "Rounds",
-           "StepStats", "T_INTERVAL_MIN_ROUNDS", "TargetCost", "Verdict", "derive", "half_width", "kernel_share",
+           "StepStats", "T_INTERVAL_MIN_ROUNDS", "TargetCost", "Verdict", "derive", "half_width", "interval_ratio", "kernel_share",
            "kernel_share_hint", "later_round_s", "measured_precision", "measured_rounds", "memory_ratio", "one_off_cost", "one_off_peak", "paired_of",
            "paired_ratio", "paired_speedup", "parity_cost", "quartiles_overlap", "round_medians", "round_prior", "rounds_of",
            "rounds_test", "rounds_to_target", "sentinel_spread", "slowest", "speedup_interval", "target_cost",

@@ -273,6 +273,20 @@ def rounds_to_target(speedup: float, low: float, high: float, rounds: int, targe
     return max(rounds, math.ceil(rounds * (width / math.log1p(target)) ** 2 - 1e-9))
 
 
+def interval_ratio(base: tuple[float, float, float], new: tuple[float, float, float]) -> tuple[float, float]:
+    """The 95 % interval of ``base[0] / new[0]``, each an estimate with its 95 % interval from a run of
+    its own (``compare``: a row's speedup in two runs). In log space each interval is about the
+    estimate ± t·se; the runs are independent, so the ratio's half-width is the root of the sum of
+    the squared half-widths (each side's wider one). Where each side's t is about the same this is
+    the interval of the difference; with few rounds, whose t is larger, it is a little wide."""
+    def width(estimate: float, low: float, high: float) -> float:
+        return max(math.log(high / estimate), math.log(estimate / low), 0.0)
+
+    centre = math.log(base[0] / new[0])
+    half = math.hypot(width(*base), width(*new))
+    return math.exp(centre - half), math.exp(centre + half)
+
+
 def rounds_test(base: Rounds, new: Rounds) -> Optional[float]:
     """Two-sided p-value that two runs' step times differ, at the level that is independent: each
     round is a fresh process, so the samples are the rounds' log medians (Welch's t-test, unequal
