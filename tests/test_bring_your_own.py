@@ -1,4 +1,4 @@
-"""Issue 15: the resnet and transformer built-ins, a user's model from a file or a module, library
+"""Bring your own model: the resnet and transformer built-ins, a user's model from a file or a module, library
 models by name, workloads from an entry point, --workload-option and --batch-size sweeps."""
 import json
 import sys

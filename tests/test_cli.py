@@ -159,7 +159,7 @@ def test_the_commands_are_subcommands_and_a_bare_command_line_is_run(capsys):
     code, out, _ = _run(capsys, "list", "backends", "--devices", "cpu")
     assert code == 0 and "compile-step" in out and "workload" not in out.splitlines()[0]
     code, out, _ = _run(capsys, "list", "workloads")
-    assert code == 0 and out.startswith("seed-cnn (default): image_size=28")
+    assert code == 0 and out.startswith("seed-cnn (cnncompare.workloads.seed_cnn, the default): image_size=28")
     code, out, _ = _run(capsys, "list", "--json", "--devices", "cpu")
     listed = json.loads(out)
     assert {"backends", "workloads", "plugins"} == set(listed)

@@ -118,7 +118,7 @@ def test_list_shows_workloads(capsys):
     code, out, _ = _cli(capsys, "--list", "--devices", "cpu")
     assert code == 0
     line = next(line for line in out.splitlines() if line.startswith("seed-cnn"))
-    assert "(default)" in line and "image_size=28, in_channels=3, num_classes=10" in line and "image" in line
+    assert "the default)" in line and "image_size=28, in_channels=3, num_classes=10" in line and "image" in line
 
 
 @pytest.mark.e2e

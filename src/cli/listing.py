@@ -82,10 +82,11 @@ def render_workloads(registry) -> str:
     blocks = []
     for name, w in registry.workloads.items():
         options = ", ".join(f"{k}={v}" for k, v in w.options.items()) or "no options"
-        lines = [f"{name}{' (default)' if name == DEFAULT_WORKLOAD else ''}: {options}"]
+        default = ", the default" if name == DEFAULT_WORKLOAD else ""
+        lines = [f"{name} ({registry.workload_origin[name]}{default}): {options}"]
         if about := description(w):
             lines.append(f"  {about}")
-        lines.append(f"  one sample: one {w.sample_unit}; plugin: {registry.workload_origin[name]}")
+        lines.append(f"  one sample: one {w.sample_unit}")
         blocks.append("\n".join(lines))
     return ("\n\n".join(blocks)
             + "\n\nAlso: --workload torchvision:<model> or timm:<model> (when the library is installed), and your "
