@@ -1,4 +1,12 @@
-"""What a refused command line prints: argparse's conventional form."""
+"""Running the command line in-process, and what a refused one prints: argparse's conventional form."""
+from cnncompare.cli import main
+
+
+def run_cli(capsys, *argv):
+    """``cnncompare ARGV`` in this process: its exit code, stdout and stderr."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def usage_error(err: str, prog: str = "cnncompare") -> str:

@@ -9,9 +9,9 @@ import pytest
 
 import toy_workload
 from _tiny import TINY
+from _usage import run_cli as _cli
 from _usage import usage_error
 from cnncompare import plugins
-from cnncompare.cli import main
 from cnncompare.core.config import RunConfig, WorkloadSpec
 from cnncompare.core.records import Status
 from cnncompare.core.results import RunReport
@@ -99,12 +99,6 @@ def test_transformer_counts_tokens_and_skips_channels_last_with_its_reason():
     from cnncompare.core.report.markdown import render_markdown
 
     assert "tokens/s" in render_markdown(report)
-
-
-def _cli(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.mark.e2e

@@ -4,14 +4,9 @@ import os
 
 import pytest
 
+from _usage import run_cli as _run
 from _usage import usage_error
 from cnncompare.cli import main
-
-
-def _run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.mark.parametrize(

@@ -8,16 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from _usage import run_cli as _run
 from _usage import usage_error
 from cnncompare.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.mark.parametrize("argv, fragment", [

@@ -10,8 +10,8 @@ import pytest
 import cnncompare
 import toy_workload
 from _tiny import TINY
+from _usage import run_cli as _cli
 from _usage import usage_error
-from cnncompare.cli import main
 from cnncompare.core.config import RunConfig, WorkloadSpec
 from cnncompare.core.records import Status
 from cnncompare.core.report.markdown import render_markdown
@@ -88,12 +88,6 @@ def test_a_workload_missing_a_member_breaks_its_plugin_only():
     assert "no-loss" not in reg.workloads and "seed-cnn" in reg.workloads
     info = next(p for p in reg.plugins if p.name == "broken")
     assert "has no callable loss" in info.error
-
-
-def _cli(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.mark.parametrize("argv, fragment", [

@@ -37,7 +37,6 @@ class EagerControl(Eager):
 
     name = "eager-control"
     description = "eager again, measured like any backend: its speedup over eager is this run's noise floor"
-    use_it = 'model  # as written: nothing to change'
     in_all = False
 
 

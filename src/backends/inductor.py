@@ -10,7 +10,6 @@ from .eager import ChannelsLastInput, to_channels_last
 class Compile:
     name = "compile"
     description = "torch.compile(model), default inductor backend; compiles lazily on the first step"
-    use_it = "model = torch.compile(model)"
     mode: Optional[str] = None
     #: Modes that record CUDA graphs: meaningless off CUDA, and they need warm-up to record.
     uses_cudagraphs = False
@@ -19,6 +18,10 @@ class Compile:
         if self.uses_cudagraphs:
             # reduce-overhead records its graphs on the second call and replays from the third.
             self.min_warmup = 3
+
+    @property
+    def use_it(self) -> str:
+        return "model = torch.compile(model)" if self.mode is None else f'model = torch.compile(model, mode="{self.mode}")'
 
     def unavailable_reason(self, device):
         if self.uses_cudagraphs and device.type != "cuda":
@@ -32,7 +35,6 @@ class Compile:
 class CompileReduceOverhead(Compile):
     name = "compile-reduce-overhead"
     description = "torch.compile(model, mode='reduce-overhead'): inductor + CUDA graphs"
-    use_it = 'model = torch.compile(model, mode="reduce-overhead")'
     mode = "reduce-overhead"
     uses_cudagraphs = True
 
@@ -40,7 +42,6 @@ class CompileReduceOverhead(Compile):
 class CompileMaxAutotune(Compile):
     name = "compile-max-autotune"
     description = "torch.compile(model, mode='max-autotune'): autotuned kernels + CUDA graphs"
-    use_it = 'model = torch.compile(model, mode="max-autotune")'
     mode = "max-autotune"
     uses_cudagraphs = True
 
@@ -48,7 +49,6 @@ class CompileMaxAutotune(Compile):
 class CompileMaxAutotuneNoCudagraphs(Compile):
     name = "compile-max-autotune-no-cudagraphs"
     description = "torch.compile(model, mode='max-autotune-no-cudagraphs'): autotuned kernels, no CUDA graphs"
-    use_it = 'model = torch.compile(model, mode="max-autotune-no-cudagraphs")'
     mode = "max-autotune-no-cudagraphs"
 
 

@@ -54,18 +54,18 @@ def backends(spec: str, registry, mode: str = "train") -> list[str]:
 
 
 def devices(spec: str) -> list[str]:
-    """``--devices``'s items, checked (an unknown kind gets the closest known one suggested)."""
+    """``--devices``'s items, checked (``parse_devices``); an unknown kind gets the closest known
+    one suggested."""
     from ..core.run import devices as devmod
 
-    for part in (p.strip() for p in spec.split(",")):
-        kind = part.partition(":")[0]
-        if part and part != "all" and kind not in devmod.KNOWN_KINDS:
-            raise UsageError(f"--devices: unknown device {part!r}{did_you_mean(kind, ['all', *devmod.KNOWN_KINDS])}; "
-                             f"known: all, {', '.join(devmod.KNOWN_KINDS)} (e.g. cuda:0)")
     try:
         return devmod.parse_devices(spec)
     except devmod.DeviceError as exc:
-        raise UsageError(f"--devices: {exc}") from None
+        message = str(exc)
+        if exc.unknown is not None:
+            head, _, known = message.partition("; ")
+            message = f"{head}{did_you_mean(exc.unknown, ['all', *devmod.KNOWN_KINDS])}; {known}"
+        raise UsageError(f"--devices: {message}") from None
 
 
 def refuse_dead_end(config, registry, slots, added: list[str]) -> None:

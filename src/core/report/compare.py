@@ -27,6 +27,7 @@ from ..records import Status
 from ..results import CellResult, RunReport, differences
 from ..stats import CONFIDENCE, interval_ratio, rounds_of, rounds_test, typical_step_s
 from .formatting import md_cell
+from .tables import ranked
 
 
 @dataclass
@@ -90,9 +91,8 @@ def compare_runs(base: RunReport, new: RunReport, absolute: bool = False) -> lis
 
 
 def _report_order(new: list[CellResult], base: list[CellResult]) -> list[tuple[str, str]]:
-    ranked = sorted((r for r in new if r.status == Status.OK and r.speedup_vs_eager),
-                    key=lambda r: -(r.speedup_vs_eager or 0.0))
-    return list(dict.fromkeys([(r.backend, r.device) for r in [*ranked, *new, *base]]))
+    """The new report's row order (``tables.ranked``), then the rows only the base has."""
+    return list(dict.fromkeys([(r.backend, r.device) for r in [*ranked(new), *base]]))
 
 
 def regressions(cells: list[CellComparison], fail_above_pct: float, alpha: float = 0.05) -> list[CellComparison]:

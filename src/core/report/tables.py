@@ -38,7 +38,7 @@ def _precision_cell(r: CellResult) -> str:
     return measured + (f" (declares {declared})" if declared and declared != measured else "")
 
 
-def _sorted(results: list[CellResult]) -> list[CellResult]:
+def ranked(results: list[CellResult]) -> list[CellResult]:
     """ok rows fastest first, by the speedup the verdict ranks by (round by round against eager;
     the pooled step median where there is no speedup), then the rest in run order."""
     ok = sorted((r for r in results if r.status == Status.OK and r.step_s),
@@ -57,7 +57,7 @@ def device_table(results: list[CellResult], config: RunConfig) -> str:
                 "parity" if any(r.parity and r.parity.margin is not None for r in results) else "parity (max rel. err)"]
     headers += ["computes in"] if measured else []
     rows = []
-    for r in _sorted(results):
+    for r in ranked(results):
         s = r.step_s
         row = [md_cell(r.backend), md_cell(r.status.value), speedup(r), num(s.median if s else None)]
         if latency:
@@ -82,7 +82,7 @@ def cost_table(results: list[CellResult], config: RunConfig) -> Optional[str]:
     if cuda:
         headers += ["CUDA peak alloc steady / one-off (MB)", "CUDA peak reserved (MB)"]
     rows = []
-    for r in _sorted(results):
+    for r in ranked(results):
         s = r.step_s
         if s is None and r.compile_s is None:
             continue
@@ -123,7 +123,7 @@ def _faults(value: Optional[float]) -> str:
 def diagnostics_table(results: list[CellResult]) -> Optional[str]:
     """Why each row is as fast as it is: distance to the hardware, memory, what dynamo did."""
     rows = []
-    for r in _sorted(results):
+    for r in ranked(results):
         if r.step_s is None:
             continue
         d = r.dynamo
@@ -166,7 +166,7 @@ def diagnostics_table(results: list[CellResult]) -> Optional[str]:
 def parity_table(results: list[CellResult]) -> Optional[str]:
     """Per row: the verdict, the tensor nearest its limit and each group's error, beside fp32 eager's."""
     rows = []
-    for r in _sorted(results):
+    for r in ranked(results):
         p = r.parity
         if p is None or p.margin is None:
             continue
@@ -195,7 +195,7 @@ def _parity_groups(p: Any) -> dict[str, Optional[float]]:
 def scaling_table(results: list[CellResult], config: RunConfig) -> Optional[str]:
     """Under --nproc: what N ranks give over one process of the same backend."""
     rows = []
-    for r in _sorted(results):
+    for r in ranked(results):
         d = r.distributed
         if d is None:
             continue

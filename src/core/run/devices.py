@@ -13,7 +13,11 @@ KNOWN_KINDS = ("cpu", "cuda", "mps")
 
 
 class DeviceError(ValueError):
-    pass
+    """A ``--devices`` value that can't be used; ``unknown`` is the kind it doesn't know, if that is why."""
+
+    def __init__(self, message: str, unknown: Optional[str] = None):
+        super().__init__(message)
+        self.unknown = unknown
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,7 @@ def parse_devices(spec: str) -> list[str]:
             continue
         kind, _, index = part.partition(":")
         if kind not in KNOWN_KINDS:
-            raise DeviceError(f"unknown device {part!r}; known: all, {', '.join(KNOWN_KINDS)} (e.g. cuda:0)")
+            raise DeviceError(f"unknown device {part!r}; known: all, {', '.join(KNOWN_KINDS)} (e.g. cuda:0)", kind)
         if index and (kind == "cpu" or not index.isdigit()):
             raise DeviceError(f"bad device index in {part!r}")
     return parts
