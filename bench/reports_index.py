@@ -6,7 +6,8 @@ figures it quotes cannot drift from the reports.
 
 One row per run report (a sweep's summary and its sizes' reports by their own rows): when, on
 which CPU and torch, what ran (workload, mode, batch), how long it took, and each device's
-verdict as the report's own summary words it.
+verdict quoted from the report's own markdown summary (not derived again: a report rendered by
+an older cnncompare keeps its own words).
 """
 from __future__ import annotations
 
@@ -29,9 +30,14 @@ def _minutes(report) -> str:
     return f"{int(seconds // 60)} min {int(seconds % 60)} s" + (" (interrupted)" if report.interrupted else "")
 
 
+def summary_of(markdown: str) -> str:
+    """The verdict lines of a report's "## Summary" section, joined (each device's "- **cpu**: ...")."""
+    section = markdown.split("## Summary", 1)[1].split("\n## ", 1)[0] if "## Summary" in markdown else ""
+    return " ".join(line[2:] for line in section.splitlines() if line.startswith("- **"))
+
+
 def rows() -> list[str]:
     from cnncompare.core.report.formatting import md_cell
-    from cnncompare.core.report.summary import summary_line
     from cnncompare.core.results import RunReport
 
     out = []
@@ -42,7 +48,8 @@ def rows() -> list[str]:
             continue
         env, config = report.environment, report.config
         options = ", ".join(f"{k} {v}" for k, v in config.workload.options.items())
-        verdicts = " ".join(summary_line(report.verdicts[d], config.mode).lstrip("- ") for d in report.devices())
+        markdown = path.with_suffix(".md")
+        verdicts = summary_of(markdown.read_text(encoding="utf-8")) if markdown.exists() else ""
         out.append(f"| [{path.stem}]({path.stem}.md) | {md_cell((report.started_at or '')[:16])} | "
                    f"{md_cell(env.get('cpu', '–'))}, torch {md_cell(env.get('torch', '–'))} | "
                    f"{md_cell(config.workload.name)} ({md_cell(options)}), {config.mode}, batch {config.batch_size}, "

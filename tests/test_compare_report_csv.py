@@ -159,7 +159,8 @@ def test_merged_report_has_every_run_and_environment(tmp_path, capsys):
     assert main(["report", _write(tmp_path, "a.json", BASE), _write(tmp_path, "b.json", gpu), "--output", str(out)]) == 0
     md = out.read_text()
     assert "## Run 1: cpu (CPU A)" in md and "## Run 2: cuda:0 (CPU B)" in md
-    assert re.search(r"\*\*run 2, cuda:0\*\*: pick \*\*compile\*\*, 0\.0\d+ s/step, 2\.[45]\dx \[[\d.]+, [\d.]+\] eager", md)
+    assert re.search(r"\*\*run 2, cuda:0\*\*: pick \*\*compile\*\*, 0\.0\d+ \[[\d.]+, [\d.]+\] s/step against eager's "
+                     r"0\.0\d+, 2\.[45]\dx \[[\d.]+, [\d.]+\] eager", md)
     env_rows = [line for line in md.split("## Environments")[1].splitlines() if line.startswith("| cpu ")]
     assert "CPU A" in env_rows[0] and "CPU B" in env_rows[0]
     assert "H200 (139.8 GB, sm 9.0)" in md

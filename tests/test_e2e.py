@@ -52,7 +52,9 @@ def test_every_builtin_is_ok_with_parity_passed(builtin_report):
     for r in report.results:  # distance to the hardware, same step and probe for every row
         assert r.gflop_per_step == by_name["eager"].gflop_per_step > 0
         assert r.peak_gflops > 0 and 0 < r.pct_of_peak < 100 and r.peak_precision == "fp32"
-        assert r.memory_ratio_vs_eager == by_name["eager"].peak_rss_steady_mb / r.peak_rss_steady_mb
+        # against the eager process the row was paired with (eager's own row: itself)
+        partner = r.eager_peak_rss_steady_mb if r.backend != "eager" else r.peak_rss_steady_mb
+        assert partner > r.rss_baseline_mb and r.memory_vs_eager == r.peak_rss_steady_mb / partner
         assert r.compile_cache == "cold"
         assert r.cpu_user_s_per_step > 0 and r.cpu_sys_s_per_step >= 0 and r.page_faults_per_step >= 0
     assert by_name["eager"].dynamo is None and by_name["jit-script"].dynamo is None
@@ -176,13 +178,14 @@ def test_rounds_pair_each_backend_with_a_warm_eager_reuse_the_cache_and_give_an_
               on_result=lambda rep: None)
     log = report.round_log["cpu"]
     assert len(log) == 2 and all(sorted(info.order) == ["eager", "eager-fused", "jit-trace"] for info in log)
+    assert report.order_seed is not None and RunReport.from_json(report.to_json()).order_seed == report.order_seed
     assert all(info.sentinel_s > 0 for info in log)
     rows = {r.backend: r for r in report.results}
     assert list(rows)[0] == "eager" and set(rows) == {"eager", "eager-fused", "jit-trace"}  # eager's row first
     for r in rows.values():
         paired = r.backend != "eager"
         assert r.status is Status.OK and len(r.rounds) == 2 and r.parity.passed
-        # eager's round 1 is its cold cell alone; in round 2 its warm process served both backends' pairs
+        # eager's round 1 is its cold cell alone; its round 2, the two eager processes of the backends' pairs
         assert [len(s) for s in r.round_samples] == ([5, 5] if paired else [5, 10])
         assert [len(s) for s in r.round_eager_samples or []] == ([5, 5] if paired else [])
         assert r.target_reached in ((True, False) if paired else (None,))

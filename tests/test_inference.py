@@ -54,7 +54,7 @@ def test_every_inference_builtin_is_ok_with_parity_passed_and_train_only_ones_sk
     forward, whole = (step_gflop(Job(SeedCNNWorkload(), c), torch.device("cpu"))[0] for c in (config, train))
     assert rows["eager"].gflop_per_step == pytest.approx(forward) and 0.25 < forward / whole < 0.5
     data = json.loads(report.to_json())
-    assert data["config"]["mode"] == "inference" and data["schema_version"] == 9
+    assert data["config"]["mode"] == "inference" and data["schema_version"] == 10
     assert {"latency_p50_s", "latency_p90_s", "latency_p99_s"} <= set(data["results"][0])
 
 

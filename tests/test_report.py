@@ -45,7 +45,8 @@ def test_tables_rank_ok_rows_and_show_derived_figures():
     rows = [line for line in table.splitlines() if line.startswith("| ")][1:]
     assert [r.split("|")[1].strip() for r in rows] == ["fast", "eager", "broken"]
     assert "2.00x" in rows[0] and "pass (0.12)" in rows[0]
-    assert "pick **fast**, 0.5 s/step, 2.00x eager; its extra compile cost is repaid after 13 training steps." in md
+    # compile 2 s and a first step 4.5 s beyond a steady one: 6.5 s up front, at 0.5 s saved per step
+    assert "pick **fast**, 0.5 s/step against eager's 1, 2.00x eager; its 6.5 s up front are repaid after 13 training steps." in md
     assert "### broken on cpu: fail\\_compile" in md or "### broken on cpu: fail_compile" in md
     assert "RuntimeError: nope" in md
 
@@ -154,23 +155,26 @@ def test_malloc_policy_is_checked_against_this_machine(monkeypatch):
     memory.use_malloc("system")  # nothing to do
 
 
-def test_summary_says_one_step_in_the_singular():
+def test_up_front_costs_within_a_step_of_eagers_are_nothing_to_repay():
     eager = CellResult(backend="eager", device="cpu", status=Status.OK, compile_s=0.0, first_step_s=1.0,
                        step_s=StepStats.from_samples([1.0, 1.0, 1.0]), parity=_parity())
     quick = CellResult(backend="quick", device="cpu", status=Status.OK, compile_s=0.2, first_step_s=0.5,
                        step_s=StepStats.from_samples([0.5, 0.5, 0.5]), parity=_parity())
-    assert "repaid after 1 training step." in render_markdown(_report(eager, quick))
+    md = render_markdown(_report(eager, quick))
+    assert "2.00x eager, with no extra up-front cost." in md and "| none to repay " in md
+    quick.compile_s = 1.2  # beyond one of eager's steps: 1.2 s at 0.5 s saved per step
+    assert "its 1.2 s up front are repaid after 3 training steps." in render_markdown(_report(eager, quick))
 
 
 def test_an_inference_report_speaks_of_forwards_and_shows_a_tiny_margin():
     eager = CellResult(backend="eager", device="cpu", status=Status.OK, compile_s=0.0, first_step_s=1.0,
                        step_s=StepStats.from_samples([1.0, 1.0, 1.0]), parity=replace(_parity(), margin=3.4e-6))
-    quick = CellResult(backend="quick", device="cpu", status=Status.OK, compile_s=0.2, first_step_s=0.5,
+    quick = CellResult(backend="quick", device="cpu", status=Status.OK, compile_s=1.2, first_step_s=0.5,
                        step_s=StepStats.from_samples([0.5, 0.5, 0.5]), parity=_parity())
     report = RunReport(environment=dict(ENV), config=replace(CONFIG, mode="inference", batch_size=1),
                        results=[eager, quick])
     md = render_markdown(report)
-    assert "- **batch**: 1 image\n" in md and "repaid after 1 forward." in md
+    assert "- **batch**: 1 image\n" in md and "repaid after 3 forwards." in md
     legend = md.split("## How to read this")[1].split("## Environment")[0]
     assert "training" not in legend.split("**scaling efficiency**")[0]  # step, first step, break-even
     assert "one forward of the batch" in legend and "the backend's forward against float64 eager's" in legend

@@ -37,13 +37,16 @@ def _cell(backend, median, compile_s=0.0, first=None, status=Status.OK, device="
 def test_speedup_is_eager_over_backend_and_break_even_counts_steps():
     eager = _cell("eager", 1.0, compile_s=0.0, first=1.2)
     fast = _cell("fast", 0.5, compile_s=10.0, first=20.0)  # one-off 10 + 19.5, eager's 0.2
-    slow = _cell("slow", 2.0, compile_s=1.0)
-    derive([eager, fast, slow], units_per_step=128)
+    slow = _cell("slow", 2.0, compile_s=5.0)
+    same = _cell("same", 2.0, compile_s=0.5)  # half a step of eager's: within a first step's noise
+    derive([eager, fast, slow, same], units_per_step=128)
     assert fast.speedup_vs_eager == 2.0
     assert slow.speedup_vs_eager == 0.5  # slower shows below 1, never clipped
+    assert fast.up_front_s == pytest.approx(10.0 + 19.5 - 0.2)
     assert fast.break_even_steps == math.ceil((10.0 + 19.5 - 0.2) / 0.5)
-    assert slow.break_even_steps is None
-    assert eager.speedup_vs_eager == 1.0 and eager.break_even_steps is None
+    assert slow.up_front_s == pytest.approx(4.8) and slow.break_even_steps is None  # never repaid
+    assert same.up_front_s == 0.0 and same.break_even_steps == 0  # nothing to repay
+    assert eager.speedup_vs_eager == 1.0 and eager.break_even_steps is None and eager.up_front_s is None
     assert fast.images_per_s == 256.0
 
 
@@ -73,9 +76,9 @@ def _rounds(backend, per_round, compile_s=0.0):
 
 def test_break_even_agrees_with_the_speedup_over_rounds():
     # Pooled, the backend's median (0.97) is below eager's (1.0); round by round it is slower in
-    # two rounds of three (drift moved eager's): the speedup is below 1, so there is no break-even.
+    # two rounds of three (drift moved eager's): the speedup is below 1, so its compile is never repaid.
     eager = _rounds("eager", [[1.2] * 3, [0.9] * 3, [1.0] * 3])
-    backend = _rounds("other", [[1.25] * 3, [0.95] * 3, [0.97] * 3])
+    backend = _rounds("other", [[1.25] * 3, [0.95] * 3, [0.97] * 3], compile_s=5.0)
     derive([eager, backend], units_per_step=1)
     assert backend.step_s.median < eager.step_s.median and backend.speedup_vs_eager < 1
     assert backend.break_even_steps is None
@@ -90,11 +93,11 @@ def test_memory_vs_eager_compares_steady_peaks_not_one_off_ones():
     eager.cuda_peak_allocated_steady_mb, eager.cuda_peak_allocated_mb = 100.0, 120.0
     tuned.cuda_peak_allocated_steady_mb, tuned.cuda_peak_allocated_mb = 50.0, 900.0  # autotuning's one-off peak
     derive([eager, tuned], units_per_step=1)
-    assert tuned.memory_ratio_vs_eager == 2.0
+    assert tuned.memory_vs_eager == 0.5  # half of eager's: uses less
     old_eager, old = _cell("eager", 1.0), _cell("old", 1.0)  # a report from before the phases: lifetime peaks
     old_eager.peak_rss_mb, old.peak_rss_mb = 300.0, 200.0
     derive([old_eager, old], units_per_step=1)
-    assert old.memory_ratio_vs_eager == 1.5
+    assert old.memory_vs_eager == pytest.approx(2 / 3)
 
 
 def test_cuda_graph_rows_compare_reserved_memory_and_an_own_allocator_has_no_ratio():
@@ -110,7 +113,7 @@ def test_cuda_graph_rows_compare_reserved_memory_and_an_own_allocator_has_no_rat
                                 fell_back_to_eager=False, cudagraphs_recorded=2)
     arena.cuda_memory_incomparable = "its own arena"
     derive([eager, graphs, arena], units_per_step=1)
-    assert graphs.memory_ratio_vs_eager == 0.5 and arena.memory_ratio_vs_eager is None
+    assert graphs.memory_vs_eager == 2.0 and arena.memory_vs_eager is None
 
 
 def test_a_version_2_report_loses_compile_threads_on_rows_that_never_compiled():

@@ -128,9 +128,10 @@ class RunConfig:
     warmup: int = option(3, "--warmup", "warm-up steps; at least 2 run (parity judges step 3), a backend may ask "
                          "for more", minimum=0, metavar="N")
     rounds: int = option(
-        2, "--rounds", "process pairs at least per backend: in each round a fresh warm eager process is paired "
-        "with each backend's process in turn, the parent alternating their steps; round 1's cells are the cold "
-        "ones (compile, memory, parity), later rounds reuse each cell's compile cache", minimum=1, metavar="N")
+        2, "--rounds", "process pairs at least per backend: in each round each backend's process, once warm, is "
+        "paired with a fresh eager process warmed up as long, the parent alternating their steps; round 1's cells "
+        "are the cold ones (compile, memory, parity), later rounds reuse each cell's compile cache", minimum=1,
+        metavar="N")
     target: float = option(
         3.0, "--target", "after --rounds (from 2), keep adding rounds for the backends whose speedup's 95 %% "
         "interval is wider than this half-width, in %% of the speedup, while --budget allows", metavar="PCT")

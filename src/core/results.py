@@ -36,7 +36,12 @@ from .stats import StepStats
 #: 8: warm interleaved pairs: ``round_eager_samples`` (each round's eager steps paired with the
 #: row's), ``target_reached``, the config's ``target`` and ``budget_s``.
 #: 9: each row's ``use_it`` (the code a user writes to get it; empty in older reports).
-SCHEMA_VERSION = 9
+#: 10: every speed figure from the paired measurement: ``step_time_s`` and ``step_time_ci`` (eager's
+#: paired step / the speedup), ``images_per_s`` and GFLOP/s from them; ``up_front_s`` and
+#: ``break_even_ci``; ``memory_vs_eager`` (the backend's peak / eager's, < 1 uses less) replaces
+#: ``memory_ratio_vs_eager`` (eager's / the backend's); the report's ``order_seed``. ``step_s`` is
+#: each row's own processes' steps, unpaired.
+SCHEMA_VERSION = 10
 
 #: Environment keys that must match for two runs to be comparable cell by cell.
 #: (The thread count is the config's, compared there.)
@@ -54,6 +59,8 @@ class CellResult(Measured):
     description: str = ""
     #: The backend's "use it" line for this row's device (``backends.base.use_it``).
     use_it: str = ""
+    #: The steps the row's own processes measured (every round's, in run order): unpaired, each
+    #: from its own minutes; the report's step time is ``step_time_s``.
     step_s: Optional[StepStats] = None
     compile_cache: Optional[str] = None
     cold_compile_s: Optional[float] = None
@@ -66,10 +73,19 @@ class CellResult(Measured):
     # Warm pairs: each round's eager steps paired with round_samples' (step pair i is the i-th of
     # each); None for eager itself and for rows measured without pairs (--nproc).
     round_eager_samples: Optional[list[list[float]]] = None
+    #: Warm pairs: the steady-state peaks of the eager process round 1's cell was paired with (the
+    #: same phase of the same kind of process, started beside it): what ``memory_vs_eager`` divides by.
+    eager_peak_rss_steady_mb: Optional[float] = None
+    eager_cuda_peak_allocated_steady_mb: Optional[float] = None
+    eager_cuda_peak_reserved_steady_mb: Optional[float] = None
     round_compile_s: Optional[list[Optional[float]]] = None
     round_first_step_s: Optional[list[Optional[float]]] = None
-    # Derived (stats.derive). images_per_s is throughput per second in the workload's throughput unit
-    # (config.workload.throughput_unit: images for the CNNs, tokens for the transformer).
+    # Derived (stats.derive), every speed figure from the speedup: step_time_s is eager's paired
+    # step / speedup_vs_eager (its interval step_time_ci), images_per_s throughput per second in the
+    # workload's throughput unit (config.workload.throughput_unit: images for the CNNs, tokens for
+    # the transformer) at that step time.
+    step_time_s: Optional[float] = None
+    step_time_ci: Optional[list[float]] = None
     images_per_s: Optional[float] = None
     speedup_vs_eager: Optional[float] = None
     speedup_ci: Optional[list[float]] = None
@@ -77,10 +93,14 @@ class CellResult(Measured):
     target_reached: Optional[bool] = None
     warm_compile_s: Optional[float] = None
     warm_first_step_s: Optional[float] = None
+    #: What the backend costs once beyond eager (compile, first step, warm-up), 0 within a step's noise.
+    up_front_s: Optional[float] = None
     break_even_steps: Optional[int] = None
+    #: ``[low, high]`` from the speedup's interval; ``high`` None: never (the interval reaches 1).
+    break_even_ci: Optional[list[Optional[int]]] = None
     achieved_gflops: Optional[float] = None
     pct_of_peak: Optional[float] = None
-    memory_ratio_vs_eager: Optional[float] = None
+    memory_vs_eager: Optional[float] = None
     # Inference only: batch latency percentiles over every measured step of every round.
     latency_p50_s: Optional[float] = None
     latency_p90_s: Optional[float] = None
@@ -124,6 +144,9 @@ class RunReport:
     finished_at: Optional[str] = None
     interrupted: bool = False
     round_log: dict[str, list[RoundInfo]] = field(default_factory=dict)
+    #: The seed of every round's order and of the order inside each step pair (drawn per run
+    #: unless ``--order-seed``; None in reports from before it was recorded).
+    order_seed: Optional[int] = None
     schema_version: int = SCHEMA_VERSION
     verdicts: dict[str, stats.Verdict] = field(default_factory=dict, init=False, repr=False)
 
@@ -198,11 +221,14 @@ def _upgrade(data: dict) -> dict:
             # Its "steady" peak spanned the warm-up steps too: not the measured steps' peak that
             # version 3 compares, so memory vs eager stays on the lifetime peaks, as it was.
             row["peak_rss_steady_mb"] = None
+    for row in data.get("results", []):  # derived figures are derived again on loading
+        row.pop("memory_ratio_vs_eager", None)
     data["schema_version"] = SCHEMA_VERSION
     return data
 
 
-_REPORT_KEYS = ("environment", "plugins", "notes", "started_at", "finished_at", "interrupted", "schema_version")
+_REPORT_KEYS = ("environment", "plugins", "notes", "started_at", "finished_at", "interrupted", "order_seed",
+                "schema_version")
 
 
 def differences(base: RunReport, new: RunReport) -> list[str]:

@@ -179,8 +179,9 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
         torch.cuda.set_device(device)
         cuda_index = torch.cuda.current_device()
     judged = parity_step(base.min_warmup(backend))
-    # The parity step is always a warm-up step. A later round's cell (and the warm eager process
-    # a round's pairs share) has a full compile cache, but still takes the whole warm-up: with one
+    # The parity step is always a warm-up step (the eager process a cell is paired with runs as
+    # many: ``serve``'s ready message says how many). A later round's cell has a full compile
+    # cache, but still takes the whole warm-up: with one
     # step, the first step pair of a round leaned 2-4 % toward the process warm for longer
     # (measured over the committed runs' rounds).
     warmup = max(config.warmup, judged - 1) if judge else max(base.min_warmup(backend), config.warmup)
@@ -275,7 +276,7 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
                 on_phase("steps", len(served), len(served))
                 return samples
 
-            serve_steps(serve, run_steps)
+            serve_steps(serve, run_steps, warmup)
             del run_steps  # it holds the model, freed before the parity check
             if not served:
                 raise RuntimeError("the parent asked for no step (its warm pair ended before it began)")

@@ -1,9 +1,10 @@
 """PNG charts beside a markdown report (needs the optional matplotlib: ``pip install cnncompare[plot]``).
 
-The pictures: the speedup over eager with its 95 % interval (where the run has intervals: what
-the verdict ranks by, the control's interval shaded as the noise floor), step time per backend
-per device with quartile error bars (each row's own minutes), and the break-even picture
-(one-off cost against step time).
+The pictures, every figure the table's and in its order (``tables.ranked``): the speedup over
+eager with its 95 % interval (what the verdict ranks by, the control's interval shaded as the
+noise floor), the step time derived from it (eager's paired step / the speedup, with the
+interval that follows), and the break-even picture (the cost up front beyond eager against the
+step time).
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import Optional
 
 from ..records import Status
 from ..results import RunReport
-from ..stats import CONFIDENCE, CONTROL, one_off_cost
+from ..stats import CONFIDENCE, CONTROL
+from .tables import ranked as table_order
 from .wording import STEP_UNIT, plural
 
 #: Where the speedup chart's log axis is labelled (those inside its range).
@@ -30,7 +32,9 @@ def matplotlib_available() -> bool:
 
 
 def _ok_rows(report: RunReport):
-    return [r for r in report.results if r.status in (Status.OK, Status.FAIL_ACCURACY) and r.step_s]
+    """The rows with a step time, in the table's order, device by device."""
+    return [r for device in report.devices() for r in table_order(report.rows(device))
+            if r.status in (Status.OK, Status.FAIL_ACCURACY) and r.step_time_s]
 
 
 def write_charts(report: RunReport, md_path: Path) -> Optional[list[tuple[str, str]]]:
@@ -61,7 +65,7 @@ def write_charts(report: RunReport, md_path: Path) -> Optional[list[tuple[str, s
         fig, ax = plt.subplots(figsize=(8, 0.42 * len(ranked) + 1.8))
         names: list[str] = []
         for d_index, device in enumerate(devices):
-            mine = sorted((r for r in ranked if r.device == device), key=lambda r: -(r.speedup_vs_eager or 0))
+            mine = [r for r in ranked if r.device == device]
             control = next((r for r in mine if r.backend == CONTROL), None)
             if control is not None and control.speedup_ci:
                 floor_low, floor_high = control.speedup_ci
@@ -95,29 +99,32 @@ def write_charts(report: RunReport, md_path: Path) -> Optional[list[tuple[str, s
         plt.close(fig)
         written.append(("Speedup over eager", name))
 
-    # 2. Step time per backend, grouped by device, fastest first, quartile error bars.
-    labels, medians, lows, highs, colors = [], [], [], [], []
+    # 2. Step time per backend, as the table has it: eager's paired step over each row's speedup,
+    # with the interval that follows from the speedup's (a row without a speedup: its own median).
+    labels, times, lows, highs, colors = [], [], [], [], []
     for d_index, device in enumerate(devices):
-        for r in sorted((r for r in rows if r.device == device), key=lambda r: r.step_s.median):
+        for r in (r for r in rows if r.device == device):
             mark = "" if r.status == Status.OK else " (wrong numbers)"
             labels.append(f"{r.backend} · {device}{mark}")
-            medians.append(r.step_s.median)
-            lows.append(r.step_s.median - r.step_s.q1)
-            highs.append(r.step_s.q3 - r.step_s.median)
+            assert r.step_time_s is not None
+            low, high = r.step_time_ci or (r.step_time_s, r.step_time_s)
+            times.append(r.step_time_s)
+            lows.append(r.step_time_s - low)
+            highs.append(high - r.step_time_s)
             colors.append(palette(d_index % 10))
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(labels) + 1.6))
     y = range(len(labels))
-    ax.barh(y, medians, xerr=[lows, highs], color=colors, capsize=3, alpha=0.85)
+    ax.barh(y, times, xerr=[lows, highs], color=colors, capsize=3, alpha=0.85)
     ax.set_yticks(list(y), labels)
     ax.invert_yaxis()
-    if max(medians) / min(medians) > 20:
+    if max(times) / min(times) > 20:
         ax.set_xscale("log")
-    ax.set_xlabel(f"seconds per {step} (median; bars: first to third quartile)")
+    ax.set_xlabel(f"seconds per {step}: eager's paired step ÷ the speedup (bars: its {CONFIDENCE:.0%} interval)")
     workload = report.config.workload
     size = report.config.batch_size
     ax.set_title(f"Step time, {workload.name}, batch {size} {plural(workload.sample_unit, size)} "
                  "(lower is faster)")
-    for i, m in enumerate(medians):
+    for i, m in enumerate(times):
         ax.annotate(f"{m:.3g} s", (m + highs[i], i), xytext=(6, 0), textcoords="offset points", va="center", fontsize=8)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
@@ -126,20 +133,21 @@ def write_charts(report: RunReport, md_path: Path) -> Optional[list[tuple[str, s
     plt.close(fig)
     written.append(("Step time per backend", name))
 
-    # 3. Break-even: one-off cost (stats.one_off_cost, what break-even repays) against step time.
+    # 3. Break-even: the cost up front beyond eager (what break-even repays) against step time.
     fig, ax = plt.subplots(figsize=(8, 5.5))
     for d_index, device in enumerate(devices):
-        pts = [r for r in rows if r.device == device]
-        xs = [max(one_off_cost(r), 1e-2) for r in pts]
-        ys = [r.step_s.median for r in pts]
+        pts = [r for r in rows if r.device == device and (r.up_front_s is not None or r.backend == "eager")]
+        xs = [max(r.up_front_s or 0.0, 1e-2) for r in pts]
+        ys = [r.step_time_s for r in pts]
         ax.scatter(xs, ys, color=palette(d_index % 10), label=device, s=40)
         for r, xv, yv in zip(pts, xs, ys):
             ax.annotate(r.backend, (xv, yv), xytext=(5, 3), textcoords="offset points", fontsize=8)
     ax.set_xscale("log")
     left, right = ax.get_xlim()
     ax.set_xlim(left, right * 4)  # room for the labels of the slowest compilers
-    ax.set_xlabel("one-off cost: compile, and first step + warm-up beyond steady steps (s, log scale)")
-    ax.set_ylabel(f"seconds per {step} (median)")
+    ax.set_xlabel("up front beyond eager: compile, and first step + warm-up beyond steady steps\n"
+                  "(s, log scale; 0.01: nothing beyond a step's noise)")
+    ax.set_ylabel(f"seconds per {step} (eager's paired step ÷ the speedup)")
     ax.set_title("Compile cost against step time\n(lower left wins; lower right pays back only over many steps)",
                  fontsize=11)
     ax.grid(alpha=0.3, which="both")

@@ -7,11 +7,13 @@ from typing import Any
 
 from ..results import RunReport
 
-#: CSV columns: the JSON's keys, nested ones dotted.
+#: CSV columns: the JSON's keys, nested ones dotted. ``step_time_s`` and ``images_per_s`` derive
+#: from the speedup (eager's paired step / the speedup); ``step_s.*`` are the row's own processes'
+#: steps, unpaired.
 CSV_COLUMNS = (
-    "backend", "device", "status", "plugin", "compile_s", "first_step_s", "step_s.median", "step_s.q1",
-    "step_s.q3", "step_s.min", "step_s.max", "step_s.n", "images_per_s", "speedup_vs_eager",
-    "break_even_steps", "threads", "peak_rss_mb", "cuda_peak_allocated_mb", "cuda_peak_reserved_mb",
+    "backend", "device", "status", "plugin", "speedup_vs_eager", "step_time_s", "images_per_s", "up_front_s",
+    "break_even_steps", "compile_s", "first_step_s", "step_s.median", "step_s.q1", "step_s.q3", "step_s.min",
+    "step_s.max", "step_s.n", "memory_vs_eager", "threads", "peak_rss_mb", "cuda_peak_allocated_mb", "cuda_peak_reserved_mb",
     "parity.passed", "parity.margin", "parity.worst_tensor", "parity.loss_rel_error", "parity.grad_rel_error",
     "parity.weight_rel_error", "parity.buffer_rel_error",
     "distributed.nproc", "distributed.global_images_per_s", "distributed.slowest_rank_step_median_s",

@@ -59,3 +59,28 @@ def speedup(r: CellResult) -> str:
     ci = r.speedup_ci
     return (f"{r.speedup_vs_eager:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci and ci[0] != ci[1] else "")
             + ("*" if r.target_reached is False else ""))
+
+
+def step_time(r: CellResult) -> str:
+    """The row's step seconds: eager's paired step over its speedup, with the interval that follows
+    (``0.412 [0.398, 0.427]``); its own processes' median where it has no speedup."""
+    if r.step_time_s is None:
+        return "–"
+    ci = r.step_time_ci
+    return num(r.step_time_s) + (f" [{num(ci[0])}, {num(ci[1])}]" if ci and ci[0] != ci[1] else "")
+
+
+def break_even(r: CellResult) -> str:
+    """Training steps until the up-front cost is repaid, with its interval: ``35 [22, 81]``;
+    ``none to repay`` (no extra up-front cost), ``never`` (the speedup's interval reaches 1 or
+    lies below it), ``≥ 22`` (its upper end never), – for eager and rows without a speedup."""
+    if r.up_front_s is None:
+        return "–"
+    if r.break_even_steps == 0:
+        return "none to repay"
+    if r.break_even_steps is None:
+        return "never"
+    ci = r.break_even_ci
+    if ci is None or ci[0] == ci[1]:
+        return str(r.break_even_steps)
+    return f"{r.break_even_steps} [{ci[0]}, {ci[1]}]" if ci[1] is not None else f"{r.break_even_steps} (≥ {ci[0]})"

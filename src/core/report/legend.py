@@ -53,25 +53,30 @@ COLUMNS: tuple[Column, ...] = (
            "`crashed` (killed by a signal, or exited without a result), `oom`, `skipped` (device absent, or the "
            "backend declines it or this mode); the error's last lines are in the notes. Only `ok` rows are ranked."),
     Column("speedup vs eager", "eager's step time ÷ this row's on the same device; > 1 is faster (never clipped). "
-           "Measured in warm pairs: each step of the row's process alternates with one of a warm eager process "
-           "alive beside it, over rounds of fresh process pairs. The geometric mean of the pairs' ratios, with its "
+           "Measured in warm pairs: once the row's process is warm, a fresh eager process starts beside it and "
+           "warms up as many steps, then each step of one alternates with a step of the other, over rounds of "
+           "fresh process pairs (the backends in a shuffled order each round, from the order seed the rounds line "
+           "names). The geometric mean of the pairs' ratios, with its "
            "95 % interval in brackets (Student's t over the rounds, their spread pooled with the device's other "
            "rows'). `*`: the interval is wider than `--target`; the rounds line under the table says what would "
            "narrow it."),
-    Column("step median (s)", "seconds per step, {step}, over the measured steps after warm-up, every round's. CPU "
-           "steps are timed with `time.perf_counter`; CUDA steps with a pair of CUDA events on the stream and one "
-           "synchronise after the loop, so queued GPU work can't escape the timed region. Rows' medians come from "
-           "different minutes: compare rows by the speedup."),
+    Column("step (s)", "seconds per step, {step}, from the speedup: the eager steps every row was paired with "
+           "(their geometric mean) ÷ this row's speedup, with the interval that follows from the speedup's. So the "
+           "step times, throughput, GFLOP/s, the summary and the charts all tell the speedup's story; a row "
+           "without a speedup (not `ok`) has its own median. CPU steps are timed with `time.perf_counter`; CUDA "
+           "steps with a pair of CUDA events on the stream and one synchronise after the loop, so queued GPU work "
+           "can't escape the timed region."),
     Column("latency p50 / p90 / p99 (ms)", "percentiles of one batch's forward over every measured step of every "
            "round (linear interpolation between order statistics: with fewer than 100 samples p99 sits near the "
            "slowest step).", ("inference",)),
-    Column("first step (s)", "the first step alone, which holds lazy compilation (`torch.compile` compiles "
-           "{lazy} here). Cold: every cell runs in a fresh process with a fresh inductor cache. **warm first step "
-           "(s)** is the median of later rounds', which reuse the cell's cache."),
-    Column("break-even", "{steps} until the row's extra one-off cost is repaid by its saving per step; – "
-           "where it is not faster. The one-off cost is compile, plus what the first step and the warm-up steps "
-           "took beyond as many steady steps (lazy compiles, recompiles, CUDA-graph recording, TorchScript's "
-           "profiling runs), minus eager's."),
+    Column("up front (s)", "what the backend costs once beyond eager, wherever its compile lands: compile, plus "
+           "what the first step and the warm-up steps took beyond as many steady steps (lazy compiles, recompiles, "
+           "CUDA-graph recording, TorchScript's profiling runs), minus the same of eager's; 0 when that is below "
+           "one of eager's steps (a first step alone scatters by more)."),
+    Column("break-even", "{steps} until the up-front cost is repaid by the saving per step (eager's step × (1 − "
+           "1 ÷ speedup)), with the interval that follows from the speedup's (`≥ N`: its upper end is never); "
+           "`none to repay` where nothing is paid up front; `never` where the speedup's interval reaches 1 or lies "
+           "below it."),
     Column("parity", "pass or FAIL, and in brackets the worst check's error ÷ its limit (≤ 1 passes): {judged} "
            "Every step runs on a new batch of the run's seeded sequence, the same for every backend. A tensor passes "
            "when its norm-relative error ‖x − ref‖ / ‖ref‖ is at most 5 × "
@@ -84,9 +89,14 @@ COLUMNS: tuple[Column, ...] = (
     Column("computes in", "the precision the row's first-step errors match best: fp32, or eager's own under "
            "autocast bf16 (on CUDA also fp16 and TF32), with what the backend declares where that differs. The "
            "summary ranks a row at another precision than eager's apart, never over the rows at eager's."),
-    Column("{unit}s/s", "throughput: the batch's {unit}s ÷ the median step time."),
-    Column("IQR (s)", "third minus first quartile of the measured steps; the summary warns when it exceeds 10 % "
-           "of the median."),
+    Column("{unit}s/s", "throughput: the batch's {unit}s ÷ the step time (from the speedup, as **step (s)**)."),
+    Column("own median (s), own IQR (s)", "the median and the third minus first quartile of the steps the row's "
+           "own processes measured, every round's: unpaired, each from its own minutes, so rows' medians differ by "
+           "the machine's drift as well as by the backend (`step_s` in the JSON). The summary warns when the IQR "
+           "exceeds 10 % of the median."),
+    Column("first step (s)", "the first step alone, which holds lazy compilation (`torch.compile` compiles "
+           "{lazy} here). Cold: every cell runs in a fresh process with a fresh inductor cache. **warm first step "
+           "(s)** is the median of later rounds', which reuse the cell's cache."),
     Column("compile (s)", "wall time of the backend's `compile(model, example, device)` call (plus "
            "`compile_step`), round 1, cold cache; \"(warm …)\": the median of later rounds'. `torch.compile` returns at "
            "once: its compiling lands in the first step."),
@@ -99,14 +109,16 @@ COLUMNS: tuple[Column, ...] = (
            "steps and over compile, first step and warm-up; `max_memory_reserved` over the cell (CUDA devices "
            "only). Neither counts the CUDA context."),
     Column("achieved GFLOP/s, % of peak", "the step's FLOPs (`torch.utils.flop_counter`; Adam's elementwise update "
-           "is not counted) ÷ the median step time, against the best rate of a matmul probe on the same device (1024² on the CPU, 8192² on CUDA; "
+           "is not counted) ÷ the step time (**step (s)**), against the best rate of a matmul probe on the same "
+           "device (1024² on the CPU, 8192² on CUDA; "
            "best of 10) in the precision the step's FLOPs run in (in brackets): fp32; for fp32 rows on CUDA, TF32 or fp32 for the "
            "convolutions and matmuls as torch's flags say, weighted by their FLOPs; bf16 or fp16 for mixed "
            "precision. How far from the hardware the step runs."),
-    Column("memory vs eager", "eager's steady peak ÷ this row's (CUDA allocated where both have it, else RSS; "
-           "measured steps only, so one-off peaks such as autotuning are not in it): > 1 means this row uses less "
-           "memory than eager, < 1 more. A row that replays "
-           "CUDA graphs is compared by reserved memory; a backend with an allocator of its own gets none on CUDA."),
+    Column("memory ÷ eager", "this row's steady peak ÷ eager's: 0.80x uses 20 % less memory than eager, 1.25x 25 % "
+           "more. CUDA allocated where both have it, else RSS; measured steps only, so one-off peaks such as "
+           "autotuning are not in it. Eager's is the eager process the row's round-1 cell was paired with: the same "
+           "phase of the same kind of process. A row that replays CUDA graphs is compared by reserved memory; a "
+           "backend with an allocator of its own gets none on CUDA."),
     Column("page faults / step, kernel CPU s / step", "from `getrusage` around the measured steps (every thread of "
            "the cell's process): the OS's share of a step. A tensor larger than glibc's mmap threshold is mapped "
            "and zeroed anew each step, so a step that frees and re-allocates hundreds of MB pays here; `--malloc "

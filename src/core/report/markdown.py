@@ -84,7 +84,8 @@ def render_markdown(report: RunReport, charts: Optional[list[tuple[str, str]]] =
         out += ["", f"## {md_cell(device)}", "", device_table(rows, config)]
         if _starred(rows):
             out += ["", STAR_NOTE]
-        rounds = rounds_line(device, report.round_log.get(device, []), report.rows(device), report.config)
+        rounds = rounds_line(device, report.round_log.get(device, []), report.rows(device), report.config,
+                             report.order_seed)
         if rounds:
             out += ["", rounds]
         costs = cost_table(rows, config)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from ..config import PARITY_MIN_WARMUP, RunConfig
+from ..records import Status
 from ..results import CellResult, RoundInfo, RunReport
 from ..stats import (
     CONFIDENCE,
@@ -18,11 +19,12 @@ from ..stats import (
     T_INTERVAL_MIN_ROUNDS,
     Verdict,
     measured_precision,
+    measured_rounds,
     parity_cost,
     sentinel_spread,
     target_cost,
 )
-from .formatting import md_cell, num, per_s, speedup
+from .formatting import break_even, md_cell, num, per_s, speedup, step_time
 from .wording import STEP_UNIT, plural
 
 
@@ -59,8 +61,8 @@ def warmup_text(config: RunConfig) -> str:
 def _protocol(report: RunReport) -> str:
     config = report.config
     if paired(report):
-        return (f"{warmup_text(config)} steps, then {config.steps} step pairs with a warm eager process per cell and "
-                f"round; at least {config.rounds} rounds, more while an interval is wider than ±{config.target:g} % "
+        return (f"{warmup_text(config)} steps, then {config.steps} step pairs with a fresh eager process per cell "
+                f"and round; at least {config.rounds} rounds, more while an interval is wider than ±{config.target:g} % "
                 f"and the {config.budget_s:g} s budget allows")
     return (f"{warmup_text(config)} + {config.steps} measured steps per cell"
             + (f" and round, {config.rounds} rounds" if config.rounds > 1 else ""))
@@ -120,7 +122,7 @@ def _ranked_line(v: Verdict, mode: str) -> str:
     if best is None or best.step_s is None:
         return f"- **{device}**: no backend finished `ok`."
     if v.eager is None:
-        return (f"- **{device}**: fastest **{md_cell(best.backend)}**, {best.step_s.median:.4g} s/step "
+        return (f"- **{device}**: fastest **{md_cell(best.backend)}**, {num(best.step_time_s, 4)} s/step "
                 "(no eager row, so no speedup and no verdict).")
     names = ", ".join(f"**{md_cell(n)}**" for n in v.tied_with if n != "eager")
     if v.too_few_rounds:
@@ -129,7 +131,7 @@ def _ranked_line(v: Verdict, mode: str) -> str:
                 f"one process's steps and are narrower than the truth. Rerun with `--rounds "
                 f"{v.min_rounds}` or more.")
     if best is v.eager:
-        return (f"- **{device}**: pick **eager**, {best.step_s.median:.4g} s/step: no backend beat it here"
+        return (f"- **{device}**: pick **eager**, {num(best.step_time_s, 4)} s/step: no backend beat it here"
                 + (f" ({names} within its noise)." if names else "."))
     if "eager" in v.tied_with:
         return (f"- **{device}**: no backend is clearly faster than eager: the fastest, **{md_cell(best.backend)}** "
@@ -137,16 +139,19 @@ def _ranked_line(v: Verdict, mode: str) -> str:
                 + (f" ({names} within it too)" if names else "") + f". {MORE}")
     if v.below_control:
         return (f"- **{device}**: no backend clears this run's noise floor: the fastest, **{md_cell(best.backend)}** "
-                f"at {speedup(best)} eager, doesn't reach above eager measured against itself"
+                f"at {speedup(best)} eager, is not faster than eager measured against itself "
+                f"(its {CONFIDENCE:.0%} interval over `{CONTROL}`, round by round, reaches 1)"
                 + (f" ({names} tied with it)" if names else "") + f". {MORE}")
     if v.tied_with:
         return (f"- **{device}**: a tie: **{md_cell(best.backend)}** at {speedup(best)} eager, and {names}, which it "
                 f"doesn't beat at {CONFIDENCE:.0%} round by round. {MORE}")
-    text = f"- **{device}**: pick **{md_cell(best.backend)}**, {best.step_s.median:.4g} s/step, {speedup(best)} eager"
+    text = (f"- **{device}**: pick **{md_cell(best.backend)}**, {step_time(best)} s/step against eager's "
+            f"{num(v.eager.step_time_s, 4)}, {speedup(best)} eager")
     if best.break_even_steps == 0:
         text += ", with no extra up-front cost"
     elif (steps := best.break_even_steps) is not None:
-        text += f"; its extra compile cost is repaid after {steps} {plural(STEP_UNIT[mode], steps)}"
+        text += (f"; its {num(best.up_front_s)} s up front are repaid after {break_even(best)} "
+                 f"{plural(STEP_UNIT[mode], steps)}")
     if v.overlaps_eager:
         text += " (its quartiles overlap eager's: within one round's noise)"
     elif v.noisy:
@@ -164,16 +169,18 @@ MORE = "A larger `--budget` (or more `--rounds`) narrows the intervals."
 
 
 def rounds_line(device: str, log: list[RoundInfo], rows: Sequence[CellResult] = (),
-                config: Optional[RunConfig] = None) -> Optional[str]:
+                config: Optional[RunConfig] = None, order_seed: Optional[int] = None) -> Optional[str]:
     """How many rounds, how the speedups were measured in them, which rows reached the target,
-    and how far the drift sentinel moved over them."""
+    how many rounds each row measured, and how far the drift sentinel moved over them."""
     if len(log) < 2:
         return None
     pairs = [r for r in rows if r.round_eager_samples]
+    per_row = ", ".join(f"{md_cell(r.backend)} {measured_rounds(r)}" for r in rows if r.status == Status.OK)
     if pairs and config is not None:
         missed = [md_cell(r.backend) for r in pairs if r.target_reached is False]
-        text = (f"Rounds ({md_cell(device)}): {len(log)}; in each, one warm eager process is paired in turn with "
-                "each backend's process (round 1: the cold cells, which also take compile, memory and parity), "
+        text = (f"Rounds ({md_cell(device)}): {len(log)}, the backends in a shuffled order each round (order seed "
+                f"{order_seed}); in each, every backend's process, once warm, is paired with a fresh eager "
+                "process warmed up as long (round 1: the cold cells, which also take compile, memory and parity), "
                 "the parent alternating their steps in a random order; speedup = geometric mean of the step "
                 f"pairs' ratios, each round weighing the same, with its {CONFIDENCE:.0%} interval (Student's t over "
                 "the rounds' means, their spread pooled with the device's other rows', never narrower than the "
@@ -184,7 +191,8 @@ def rounds_line(device: str, log: list[RoundInfo], rows: Sequence[CellResult] = 
                    f"{len(pairs) - len(missed)} of {len(pairs)} rows reached ±{config.target:g} %"
                    + (f"; not (marked *): {', '.join(missed)}" if missed else ""))
                 + _target_cost_text(pairs, config)
-                + ". Compile and first step (warm) = the median of later rounds', which reuse the cell's compile "
+                + f". Rounds measured per row: {per_row}. Compile and first step (warm) = the median of later "
+                "rounds', which reuse the cell's compile "
                 "cache; break-even counts round 1's cold costs.")
     else:
         text = (f"Rounds ({md_cell(device)}): {len(log)}, each backend once per round in a fresh shuffled order; "

@@ -16,7 +16,7 @@ from ..config import RunConfig
 from ..records import Status
 from ..results import CellResult
 from ..stats import measured_precision, one_off_peak
-from .formatting import margin, md_cell, num, per_s, speedup
+from .formatting import break_even, margin, md_cell, num, per_s, speedup, step_time
 
 
 def _parity_cell(r: CellResult) -> str:
@@ -47,24 +47,23 @@ def ranked(results: list[CellResult]) -> list[CellResult]:
 
 
 def device_table(results: list[CellResult], config: RunConfig) -> str:
-    """The main table, what a verdict is read from (about 160 characters wide at most): speedup,
-    step time, what compiling costs up front, parity and precision; the rest is in ``cost_table``."""
+    """The main table, what a verdict is read from (about 160 characters wide at most): the
+    speedup and the step time derived from it, what the backend costs up front beyond eager and
+    when that is repaid, parity and precision; the rest is in ``cost_table``."""
     latency = any(r.latency_p50_s is not None for r in results)
     measured = any(measured_precision(r) for r in results)
-    headers = ["backend", "status", "speedup vs eager", "step median (s)"]
+    headers = ["backend", "status", "speedup vs eager", "step (s)"]
     headers += ["latency p50 / p90 / p99 (ms)"] if latency else []
-    headers += ["first step (s)", "break-even",
+    headers += ["up front (s)", "break-even",
                 "parity" if any(r.parity and r.parity.margin is not None for r in results) else "parity (max rel. err)"]
     headers += ["computes in"] if measured else []
     rows = []
     for r in ranked(results):
-        s = r.step_s
-        row = [md_cell(r.backend), md_cell(r.status.value), speedup(r), num(s.median if s else None)]
+        row = [md_cell(r.backend), md_cell(r.status.value), speedup(r), step_time(r)]
         if latency:
             row.append(" / ".join(num(v * 1000 if v is not None else None)
                                   for v in (r.latency_p50_s, r.latency_p90_s, r.latency_p99_s)))
-        row += [num(r.first_step_s), str(r.break_even_steps) if r.break_even_steps is not None else "–",
-                _parity_cell(r)]
+        row += [num(r.up_front_s), break_even(r), _parity_cell(r)]
         if measured:
             row.append(_precision_cell(r))
         rows.append(row)
@@ -72,13 +71,16 @@ def device_table(results: list[CellResult], config: RunConfig) -> str:
 
 
 def cost_table(results: list[CellResult], config: RunConfig) -> Optional[str]:
-    """Throughput, the step's spread, compile time and memory, rows as in ``device_table``; None
+    """Throughput (from the paired step time), what each row's own processes measured (unpaired:
+    median and spread), compile and first step, and memory, rows as in ``device_table``; None
     where no row was measured."""
     cuda = any(r.cuda_peak_allocated_mb is not None for r in results)
     phases = any(r.peak_rss_steady_mb is not None for r in results)  # older reports: lifetime peaks only
     warm = any(r.warm_first_step_s is not None for r in results)
-    headers = ["backend", per_s(config), "IQR (s)", "compile (s)"] + (["warm first step (s)"] if warm else [])
+    headers = ["backend", per_s(config), "own median (s)", "own IQR (s)", "compile (s)", "first step (s)"]
+    headers += ["warm first step (s)"] if warm else []
     headers.append("peak RSS steady / one-off (MB)" if phases else "peak RSS (MB)")
+    headers.append("memory ÷ eager")
     if cuda:
         headers += ["CUDA peak alloc steady / one-off (MB)", "CUDA peak reserved (MB)"]
     rows = []
@@ -86,11 +88,13 @@ def cost_table(results: list[CellResult], config: RunConfig) -> Optional[str]:
         s = r.step_s
         if s is None and r.compile_s is None:
             continue
-        row = [md_cell(r.backend), num(r.images_per_s), num(s.iqr if s else None, 2),
-               num(r.compile_s) + (f" (warm {num(r.warm_compile_s)})" if r.warm_compile_s is not None else "")]
+        row = [md_cell(r.backend), num(r.images_per_s), num(s.median if s else None), num(s.iqr if s else None, 2),
+               num(r.compile_s) + (f" (warm {num(r.warm_compile_s)})" if r.warm_compile_s is not None else ""),
+               num(r.first_step_s)]
         row += [num(r.warm_first_step_s)] if warm else []
         row += [_steady_and_one_off(r.peak_rss_steady_mb, one_off_peak(r.peak_rss_first_step_mb, r.peak_rss_warmup_mb),
-                                    r.peak_rss_mb)]
+                                    r.peak_rss_mb),
+                "–" if r.memory_vs_eager is None else f"{r.memory_vs_eager:.2f}x"]
         if cuda:
             row += [_steady_and_one_off(r.cuda_peak_allocated_steady_mb,
                                         one_off_peak(r.cuda_peak_allocated_first_step_mb,
@@ -142,7 +146,6 @@ def diagnostics_table(results: list[CellResult]) -> Optional[str]:
             num(r.achieved_gflops),
             "–" if r.pct_of_peak is None else f"{r.pct_of_peak:.1f} %" + (f" ({r.peak_precision})" if r.peak_precision
                                                                          else ""),
-            "–" if r.memory_ratio_vs_eager is None else f"{r.memory_ratio_vs_eager:.2f}x",
             _faults(r.page_faults_per_step),
             num(r.cpu_sys_s_per_step),
             md_cell(dyn),
@@ -151,12 +154,12 @@ def diagnostics_table(results: list[CellResult]) -> Optional[str]:
         ])
     if not rows:
         return None
-    headers = ["backend", "achieved GFLOP/s", "% of peak", "memory vs eager",
-               "page faults / step", "kernel CPU s / step", "dynamo graphs / breaks / recompiles", "compile cache",
+    headers = ["backend", "achieved GFLOP/s", "% of peak", "page faults / step", "kernel CPU s / step",
+               "dynamo graphs / breaks / recompiles", "compile cache",
                "compile workers (peak RSS)"]
     # Runs from before getrusage was recorded have no fault figures: drop those columns, not fill them with dashes.
-    if all(row[4] == "–" and row[5] == "–" for row in rows):
-        headers, rows = headers[:4] + headers[6:], [row[:4] + row[6:] for row in rows]
+    if all(row[3] == "–" and row[4] == "–" for row in rows):
+        headers, rows = headers[:3] + headers[5:], [row[:3] + row[5:] for row in rows]
     # Runs from before the workers were recorded: no such column.
     if all(row[-1] == "–" for row in rows):
         headers, rows = headers[:-1], [row[:-1] for row in rows]

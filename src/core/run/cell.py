@@ -38,20 +38,25 @@ from .progress import Progress
 
 @dataclass
 class Pairing:
-    """A round's warm eager process, as the cells of the round are paired with it: each serving
-    cell's ``drive`` interleaves ``steps`` step pairs with eager, ``chunk`` steps at a time
-    (``pairs.interleave``, ``pairs.round_size``), and keeps eager's side in ``eager_samples``.
-    Without an eager peer (it failed before it was warm, or was lost) a cell serves ``steps``
-    steps unpaired, and ``eager_samples`` is None."""
+    """How a round pairs each backend's serving cell with eager: once the cell is warm, the parent
+    starts a fresh eager process for it (``start_eager(warmup)``, warming up the same steps the
+    cell did), and once that one is warm too, ``drive`` interleaves ``steps`` step pairs, ``chunk``
+    steps at a time (``pairs.interleave``, ``pairs.round_size``). Every pair is then two fresh
+    processes with the same history: one eager process shared by a round's cells got faster with
+    the steps it had served, and each cell paired after the first measured slower against it
+    (docs/verdicts.md, "Where the A/A bias came from").
 
-    eager: Optional[Peer]
+    After ``drive``: ``eager_samples``, eager's side of the pairs (None: the cell's steps were
+    served unpaired, the eager process having failed before it was warm or been lost), and
+    ``eager_outcome``, how that process ended (its record: its memory, measured as the cell's)."""
+
+    start_eager: Callable[[int], Child]
     steps: int
     rng: random.Random
     timeout_s: float
     chunk: int = 1
     eager_samples: Optional[list[float]] = None
-    #: Whether the eager process was killed (``Child.killed``: checks ``--max-memory`` now).
-    eager_killed: Callable[[], bool] = lambda: False
+    eager_outcome: Optional[Outcome] = None
 
     def drive(self, peer: Peer, killed: Callable[[], bool] = lambda: False) -> None:
         """Serve the pairs of ``peer``'s cell, ``killed`` saying whether that cell was killed.
@@ -60,11 +65,23 @@ class Pairing:
         (``Peer.waiting``) and between chunks of steps (a step that leaks would otherwise reach
         the machine's limit first). Not more often: the look walks both process trees while the
         other process's steps are being timed."""
+        self.eager_samples = self.eager_outcome = None
+        twin = self.start_eager(peer.warmup)
+        try:
+            eager = twin.wait_ready()
+            self._drive(peer, killed, eager, twin.killed)
+        except BaseException:
+            twin.close()
+            raise
+        self.eager_outcome = twin.finish()
+
+    def _drive(self, peer: Peer, killed: Callable[[], bool], eager: Optional[Peer],
+               eager_killed: Callable[[], bool]) -> None:
         last = time.monotonic()
         # The processes being driven, each with its check; eager's only while it is paired.
         watched = [(peer, killed)]
-        if self.eager is not None and not self.eager.lost:
-            watched.append((self.eager, self.eager_killed))
+        if eager is not None and not eager.lost:
+            watched.append((eager, eager_killed))
 
         def supervise(current: Optional[Peer] = None) -> None:
             """Look at both processes (at most every ``WAKE_S``); stop waiting on ``current``
@@ -79,7 +96,6 @@ class Pairing:
             if any(p.lost for p, _ in watched if current is None or p is current):
                 raise Stopped("a process of the pair was killed (--max-memory)")
 
-        self.eager_samples = None
         peers = [p for p, _ in watched]
         for p in peers:
             p.waiting = functools.partial(supervise, p)
@@ -92,9 +108,9 @@ class Pairing:
     def _serve(self, peer: Peer, watched: list, supervise: Callable[[], None]) -> None:
         """``drive``'s pairs (or, without a live eager process, ``peer``'s steps alone)."""
         if len(watched) == 2:
-            assert self.eager is not None
+            eager = watched[1][0]
             try:
-                _, self.eager_samples = interleave(peer, self.eager, self.steps, self.rng, self.timeout_s, self.chunk,
+                _, self.eager_samples = interleave(peer, eager, self.steps, self.rng, self.timeout_s, self.chunk,
                                                    supervise)
                 return
             except PeerLost:
@@ -134,8 +150,9 @@ def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunC
 
     ``cache_dir`` is the cell's compile cache (None: a fresh one, so the compile is cold);
     ``judge`` False measures time and memory only (a later round: no parity, no DDP
-    single-process run). ``pairing``: the cell serves its measured steps, paired with the
-    round's warm eager process (``Pairing``); the row's ``round_eager_samples`` holds eager's side.
+    single-process run). ``pairing``: the cell serves its measured steps, paired with a fresh
+    eager process of its own (``Pairing``); the row's ``round_eager_samples`` holds eager's side, and
+    in round 1 (``judge``) its ``eager_*_steady_mb`` that process's steady peaks.
 
     ``workload`` is the config's workload object; None looks it up through the plugins."""
     if workload is None:
@@ -161,6 +178,11 @@ def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunC
         if pairing is not None and result.step_s is not None:
             paired = pairing.eager_samples
             result.round_eager_samples = [paired if paired and len(paired) == result.step_s.n else []]
+            eager = pairing.eager_outcome.record if pairing.eager_outcome and paired else None
+            if judge and eager is not None:  # memory like for like: the same phase of the same kind of process
+                result.eager_peak_rss_steady_mb = eager.peak_rss_steady_mb
+                result.eager_cuda_peak_allocated_steady_mb = eager.cuda_peak_allocated_steady_mb
+                result.eager_cuda_peak_reserved_steady_mb = eager.cuda_peak_reserved_steady_mb
         if cold is not None and cold.record is not None:
             result.cold_compile_s, result.cold_first_step_s = cold.record.compile_s, cold.record.first_step_s
         if config.distributed and judge and result.status == Status.OK and result.distributed is not None:

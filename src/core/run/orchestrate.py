@@ -1,12 +1,12 @@
 """Runs every (device, backend) cell into a ``RunReport``, round by round.
 
-Each round on a device runs its backends in a fresh seeded shuffle (drift then hits every
-backend alike), with the drift sentinel timed at its start. With warm pairs (any single-process
-run with eager on a device it can run on) eager's cold cell runs first and alone; then each
-round starts one eager process, warm and serving, and pairs each backend's cell with it in turn
-(``cell.Pairing``, ``pairs.py``; ``pairs.round_size`` step pairs): round 1's cells are the cold
-ones (compile, memory, parity), later rounds reuse each cell's compile cache and add their
-paired steps to its row. After ``--rounds``, more rounds go to the rows whose interval is
+Each round on a device runs its backends in a fresh shuffle seeded by the report's
+``order_seed`` (drawn per run, recorded), with the drift sentinel timed at its start. With warm
+pairs (any single-process run with eager on a device it can run on) eager's cold cell runs
+first and alone; then in each round every backend's cell, once warm, is paired with a fresh
+eager process of its own, warmed up as long (``cell.Pairing``, ``pairs.py``;
+``pairs.round_size`` step pairs): round 1's cells are the cold ones (compile, memory, parity),
+later rounds reuse each cell's compile cache and add their paired steps to its row. After ``--rounds``, more rounds go to the rows whose interval is
 wider than ``--target`` while ``--budget`` lasts. Under ``--nproc`` the rounds are unpaired:
 each cell once per round. What one cell does is ``cell.py``'s.
 """
@@ -18,7 +18,7 @@ import signal
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from ...plugins import Registry
@@ -29,7 +29,7 @@ from ..stats import StepStats, half_width, measured_rounds
 from .cell import Pairing, _result, _row_fields, ensure_reference, run_cell, summarize, unavailable
 from .devices import DeviceSlot
 from .launch import SERVER, Child
-from .pairs import PeerLost, round_size
+from .pairs import round_size
 from .progress import Progress
 from .sentinel import sentinel_s
 
@@ -71,6 +71,8 @@ def run_cells(cells: list[Cell], config: RunConfig, registry: Registry, report: 
     todo = sum(1 for c in cells for k in range(1, config.rounds + 1)
                if _needs_round(report, c, k) or (k > 1 and _needs_round(report, c, 1)))
     progress.start_run(todo)
+    if report.order_seed is None:  # a resumed run keeps its own
+        report.order_seed = random.SystemRandom().randrange(2 ** 32)
     run = _Run(config, registry, report, on_result, progress, todo)
     try:
         # Private to this run: the parity reference and roofline per device, computed once and
@@ -116,12 +118,12 @@ class _Run:
         deadline = now + (config.budget_s - (now - self.started)) / devices_left
         for k in range(1, max(config.rounds, MAX_ROUNDS) + 1):
             if k <= config.rounds:
-                due = [n for n in _round_order(names, config, slot.name, k)
+                due = [n for n in self._round_order(names, slot.name, k)
                        if _needs_round(self.report, Cell(n, slot), k)]
                 if paired:  # the eager process comes first: the cell, or the process the round pairs with
                     due.sort(key=lambda n: n != "eager")
             elif paired and config.rounds > 1:  # --rounds 1 is a quick look: one round, no more
-                due = self._wider_than_target(slot, deadline)
+                due = self._round_order(self._wider_than_target(slot, deadline), slot.name, k)
                 self.todo += len(due) + 1  # and eager's round
             else:
                 break
@@ -148,6 +150,17 @@ class _Run:
             else:
                 for name in due:
                     reference_s = self._fold(self._cell(name, slot, k), k, reference_s)
+
+    def _round_order(self, names: list[str], device: str, k: int) -> list[str]:
+        """Round ``k``'s order: a shuffle seeded by the report's ``order_seed`` (drawn per run and
+        recorded, so a resumed run repeats it), the device and the round. Where a row sits in its
+        round then varies from round to round and from run to run, so no position effect can
+        follow a backend. One round keeps the plan's order (eager first)."""
+        if self.config.rounds == 1 and k == 1:
+            return list(names)
+        order = list(names)
+        random.Random(f"{self.report.order_seed}:{device}:{k}").shuffle(order)
+        return order
 
     def _label(self, name: str, slot: DeviceSlot, k: int) -> str:
         rounds = self.config.rounds
@@ -182,44 +195,43 @@ class _Run:
         return reference_s
 
     def _paired_round(self, slot: DeviceSlot, k: int, due: list[str], reference_s: Optional[float]) -> None:
-        """Round ``k`` with warm pairs: one eager process, warm and serving, paired in turn with
-        each backend's cell in ``due`` (round 1's cells are the cold ones). From round 2 its steps
-        are also the eager row's round ``k``; the rows not due this round keep an empty round
-        (``_add_round``), so round ``k`` is the ``k``-th everywhere."""
+        """Round ``k`` with warm pairs: each backend's cell in ``due``, in the round's order (round
+        1's cells are the cold ones), paired once warm with a fresh eager process of its own
+        (``cell.Pairing``). From round 2 those eager processes' steps are also the eager row's
+        round ``k``; the rows not due this round keep an empty round (``_add_round``), so round
+        ``k`` is the ``k``-th everywhere."""
         config = self.config
         if due:
-            self.progress.message(f"round {k} on {slot.name}: a warm eager process, paired step by step with "
-                                  f"each backend of the round in turn")
-            start = time.perf_counter()
-            cache = os.path.join(self.run_dir, "caches", slot.name.replace(":", "-"), "eager")
-            with tempfile.TemporaryDirectory(prefix="cnncompare-cell-") as cell_dir:
-                eager = Child(self.registry.get("eager"), self.workload, slot.name, config,
-                              os.path.join(cell_dir, "run"), cache, self.run_dir, _no_phase, judge=False, serve=True)
-                try:
-                    pairs, chunk = round_size(_eager_step_s(self.report, slot.name), config.steps, config.round_s)
-                    pairing = Pairing(eager.wait_ready(), pairs, random.Random(f"{config.seed}:{slot.name}:{k}"),
-                                      config.timeout_s, chunk, eager_killed=eager.killed)
-                    self.cost["eager"] = time.perf_counter() - start
-                    for name in due:
-                        reference_s = self._fold(self._cell(name, slot, k, pairing), k, reference_s)
-                    if k > 1 and pairing.eager is not None and not pairing.eager.lost \
-                            and pairing.eager.served < pairs:
-                        try:  # no backend took its pairs (each failed): eager's row still has its round
-                            pairing.eager.steps(pairs - pairing.eager.served, config.timeout_s)
-                        except PeerLost:
-                            pass
-                    outcome = eager.finish()
-                finally:
-                    eager.close()
+            self.progress.message(f"round {k} on {slot.name}: each backend's process paired step by step with a "
+                                  "fresh eager process of its own")
+            pairs, chunk = round_size(_eager_step_s(self.report, slot.name), config.steps, config.round_s)
+            rng = random.Random(f"{self.report.order_seed}:{slot.name}:{k}:pairs")
+            eager_rounds: list[CellResult] = []
+            with tempfile.TemporaryDirectory(prefix="cnncompare-eager-") as eager_dir:
+                twins = iter(range(len(due)))
+                cache = os.path.join(self.run_dir, "caches", slot.name.replace(":", "-"), "eager")
+
+                def start_eager(warmup: int) -> Child:
+                    """Eager's process for the cell now warm: as many warm-up steps as it ran."""
+                    return Child(self.registry.get("eager"), self.workload, slot.name, replace(config, warmup=warmup),
+                                 os.path.join(eager_dir, str(next(twins))), cache, self.run_dir, _no_phase,
+                                 judge=False, serve=True)
+
+                pairing = Pairing(start_eager, pairs, rng, config.timeout_s, chunk)
+                for name in due:
+                    reference_s = self._fold(self._cell(name, slot, k, pairing), k, reference_s)
+                    if pairing.eager_samples and pairing.eager_outcome is not None:
+                        eager_rounds.append(_result(pairing.eager_outcome, config,
+                                                    _row_fields(self.registry.get("eager"), None, slot, config)))
+                        eager_rounds[-1].step_s = StepStats.from_samples(pairing.eager_samples)
             eager_row = _row(self.report, "eager", slot.name)
-            if k > 1 and eager_row is not None and len(eager_row.rounds or []) < k:
-                result = _result(outcome, config, _row_fields(self.registry.get("eager"), None, slot, config))
-                result.wall_s = time.perf_counter() - start
-                self.done += 1
-                label = self._label("eager", slot, k)
-                self.progress.start_cell(self.done, self.todo, label)
+            if k > 1 and eager_rounds and eager_row is not None and len(eager_row.rounds or []) < k:
+                # Eager's round k: the steps of every eager process of the round.
+                result = eager_rounds[0]
+                result.step_s = StepStats.from_samples([s for e in eager_rounds for s in (e.step_s.samples if e.step_s else [])])
+                result.wall_s = 0.0  # its time is in each row's
+                self.done += 1  # eager's round, counted in the plan, is no cell of its own
                 self._fold(result, k, None)
-                self.progress.end_cell(label, summarize(result))
         for row in self.report.rows(slot.name):  # the rows that sat this round out keep its place
             if row.status == Status.OK and len(row.rounds or []) < k:
                 _add_round(self.report, None, k, row)
@@ -227,14 +239,15 @@ class _Run:
 
     def _wider_than_target(self, slot: DeviceSlot, deadline: float) -> list[str]:
         """The next round's backends: the rows whose interval is wider than ``--target``, as many as
-        the time left until ``deadline`` pays for (each at its latest round's cost, plus the eager
-        process's start). The rows with the fewest rounds come first, the widest first among them:
-        an interval over rounds narrows as 1 / √rounds, most from the second round to the third,
-        so every row gets a third round before any gets a fourth."""
+        the time left until ``deadline`` pays for (each at its latest round's cost, its eager
+        process's included). The rows with the fewest rounds come first, the widest first among
+        them: an interval over rounds narrows as 1 / √rounds, most from the second round to the
+        third, so every row gets a third round before any gets a fourth. The round then runs them in
+        its own shuffled order (``_round_order``)."""
         rows = [r for r in self.report.rows(slot.name) if r.target_reached is False and r.speedup_ci]
         rows.sort(key=lambda r: (measured_rounds(r),
                                  -half_width(r.speedup_vs_eager or 1.0, *(r.speedup_ci or [1.0, 1.0]))))
-        left = deadline - time.monotonic() - self._cost("eager", slot)
+        left = deadline - time.monotonic()
         due = []
         for r in rows:
             cost = self._cost(r.backend, slot)
@@ -254,16 +267,6 @@ class _Run:
 
 def _no_phase(name: str, done: int, total: int) -> None:
     pass
-
-
-def _round_order(names: list[str], config: RunConfig, device: str, k: int) -> list[str]:
-    """Round ``k``'s order: a shuffle seeded by the run's seed, the device and the round, so a
-    rerun (or a resumed run) repeats it. One round keeps the plan's order (eager first)."""
-    if config.rounds == 1:
-        return list(names)
-    order = list(names)
-    random.Random(f"{config.seed}:{device}:{k}").shuffle(order)
-    return order
 
 
 def _needs_round(report: RunReport, cell: Cell, k: int) -> bool:

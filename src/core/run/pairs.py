@@ -53,7 +53,8 @@ class Listener:
         conn, _ = self._sock.accept()
         conn.setblocking(True)
         peer = Peer(conn)
-        peer.ready = peer.read(timeout_s=60.0)["ready"]
+        hello = peer.read(timeout_s=60.0)
+        peer.ready, peer.warmup = hello["ready"], int(hello.get("warmup", 0))
         return peer
 
     def close(self) -> None:
@@ -74,6 +75,8 @@ class Peer:
 
     def __init__(self, conn: socket.socket):
         self._conn, self._buffer, self.ready = conn, b"", 0
+        #: The warm-up steps the cell ran after its first step, before it was ready.
+        self.warmup = 0
         self.lost = False
         #: Steps served so far.
         self.served = 0

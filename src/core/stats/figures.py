@@ -169,65 +169,115 @@ def measured_precision(r: "CellResult") -> Optional[str]:
 LATENCY_PERCENTILES = (50, 90, 99)
 
 
+def eager_step_s(rows: Sequence["CellResult"]) -> Optional[float]:
+    """Eager's step seconds on one device as the speedups measured it: the geometric mean of the
+    eager steps every row was paired with (each row's round weighing the same), the step every
+    paired figure divides by. Without warm pairs (``--nproc``, older reports): eager's own
+    ``typical_step_s``. None without an ``ok`` eager row."""
+    eager = next((r for r in rows if r.backend == "eager" and r.status == Status.OK and r.step_s), None)
+    if eager is None:
+        return None
+    logs = [math.log(statistics.geometric_mean(e)) for r in rows if r.status == Status.OK
+            for e, _ in (paired_of(r) or ()) if e and min(e) > 0]
+    return math.exp(statistics.fmean(logs)) if logs else typical_step_s(eager)
+
+
+#: One-off costs beyond eager's below this many of eager's steps are nothing to repay: a first
+#: step alone scatters by more than a step between processes (docs/reading.md, "up front").
+UP_FRONT_NOISE_STEPS = 1.0
+
+
 def derive(results: Sequence["CellResult"], units_per_step: int, latency: bool = False,
            target_pct: Optional[float] = None) -> None:
-    """Fill the derived figures: throughput (``units_per_step``: the batch in the workload's
-    throughput unit, per rank under DDP, over the median step), achieved GFLOP/s and % of peak, and the comparison
-    with eager on the same device (speedup, break-even, memory ratio), and DDP's scaling.
-    ``latency`` (inference): each row's batch-latency percentiles (``LATENCY_PERCENTILES``).
-    ``target_pct``: a paired row's ``target_reached`` says whether its interval's half-width is
-    within it.
+    """Fill the derived figures, device by device. Every speed figure derives from the measurement
+    the verdict uses:
 
-    speedup_vs_eager = eager's step / the backend's (>1 is faster): over the warm pairs
-    (``intervals.paired_speedup``, with the round-to-round variance of the device's other rows,
-    ``round_prior``), else per round and the geometric mean over rounds
-    (``intervals.speedup_interval``), with ``speedup_ci``,
-    for ``ok`` cells only: a wrong or failed backend has no speedup worth quoting.
-    break_even_steps = training steps until the backend's extra one-off cost
-    (``one_off_cost``: compile, first step and warm-up beyond steady steps, minus
-    eager's) is repaid by its per-step saving, eager's median x (1 - 1 / speedup); None when
-    the speedup is not above 1.
+    - ``speedup_vs_eager`` (eager's step / the backend's, > 1 is faster) with ``speedup_ci``: over
+      the warm pairs (``intervals.paired_speedup``, with the round-to-round variance of the
+      device's other rows, ``round_prior``), else per round (``intervals.speedup_interval``); for
+      ``ok`` rows only: a wrong or failed backend has no speedup worth quoting;
+    - ``step_time_s`` = eager's paired step (``eager_step_s``) / the speedup, ``step_time_ci``
+      from the speedup's interval, and from it ``images_per_s`` (``units_per_step``: the batch in
+      the workload's throughput unit, per rank under DDP) and the achieved GFLOP/s: a row's step
+      time, throughput and speedup agree by construction. A row without a speedup (not ``ok``, or
+      no eager on its device) has its own processes' median there instead, and ``step_time_ci`` None;
+    - ``up_front_s``: what the backend costs once beyond eager (``one_off_cost``: compile, first
+      step and warm-up beyond steady steps, wherever the compile happens), 0 below
+      ``UP_FRONT_NOISE_STEPS`` of eager's steps; ``break_even_steps`` = that / the per-step saving
+      (eager's step × (1 - 1 / speedup)), with ``break_even_ci`` from the speedup's interval (its
+      upper end None: never, when the interval reaches 1); ``break_even_steps`` 0 when there is
+      nothing to repay, None when the speedup's interval holds 1 or lies below it (never repaid);
+    - ``memory_vs_eager``: the backend's steady-state peak / eager's (``memory_ratio``).
+
+    ``latency`` (inference): each row's batch-latency percentiles (``LATENCY_PERCENTILES``, its own
+    steps). ``target_pct``: a paired row's ``target_reached`` says whether its interval's
+    half-width is within it.
     """
-    eager = {r.device: r for r in results if r.backend == "eager" and r.status == Status.OK and r.step_s}
-    for r in results:
+    for device in dict.fromkeys(r.device for r in results):
+        _derive_device([r for r in results if r.device == device], units_per_step, latency, target_pct)
+
+
+def _derive_device(rows: Sequence["CellResult"], units_per_step: int, latency: bool,
+                   target_pct: Optional[float]) -> None:
+    base = next((r for r in rows if r.backend == "eager" and r.status == Status.OK and r.step_s), None)
+    eager_s = eager_step_s(rows)
+    for r in rows:
         r.images_per_s = r.speedup_vs_eager = r.speedup_ci = r.break_even_steps = r.target_reached = None
+        r.step_time_s = r.step_time_ci = r.up_front_s = r.break_even_ci = None
         r.warm_compile_s = _median_later(r.round_compile_s)
         r.warm_first_step_s = _median_later(r.round_first_step_s)
-        r.achieved_gflops = r.pct_of_peak = r.memory_ratio_vs_eager = None
+        r.achieved_gflops = r.pct_of_peak = r.memory_vs_eager = None
         r.latency_p50_s = r.latency_p90_s = r.latency_p99_s = None
-        base = eager.get(r.device)
         if base is not None and r.status == Status.OK:
-            r.memory_ratio_vs_eager = memory_ratio(base, r)
+            r.memory_vs_eager = memory_ratio(base, r)
         if r.step_s is None or r.step_s.median <= 0:
             continue
-        median = r.step_s.median
-        r.images_per_s = units_per_step / median
         if latency:
             r.latency_p50_s, r.latency_p90_s, r.latency_p99_s = (r.step_s.percentile(p) for p in LATENCY_PERCENTILES)
+        if r.distributed is not None:
+            _derive_scaling(r, units_per_step, r.step_s.median)
+        if r.status == Status.OK and base is not None and eager_s is not None:
+            if r is base:
+                r.speedup_vs_eager, r.speedup_ci = 1.0, [1.0, 1.0]
+            else:
+                try:
+                    speedup, low, high = speedup_of(base, r, round_prior(rows, r))
+                    r.speedup_vs_eager, r.speedup_ci = speedup, [low, high]
+                    if target_pct is not None and paired_of(r) is not None:
+                        r.target_reached = half_width(speedup, low, high) <= target_pct / 100
+                except ValueError:  # no round in which both measured
+                    pass
+        if r.speedup_vs_eager is not None and r.speedup_ci is not None and eager_s is not None:
+            r.step_time_s = eager_s / r.speedup_vs_eager
+            r.step_time_ci = [eager_s / r.speedup_ci[1], eager_s / r.speedup_ci[0]]
+        else:
+            r.step_time_s = typical_step_s(r)
+        r.images_per_s = units_per_step / r.step_time_s
         if r.gflop_per_step:
-            r.achieved_gflops = r.gflop_per_step / median
+            r.achieved_gflops = r.gflop_per_step / r.step_time_s
             if r.peak_gflops:
                 r.pct_of_peak = 100.0 * r.achieved_gflops / r.peak_gflops
-        if r.distributed is not None:
-            _derive_scaling(r, units_per_step, median)
-        if r.status != Status.OK or base is None or base.step_s is None:
-            continue
-        if r is base:
-            r.speedup_vs_eager, r.speedup_ci = 1.0, [1.0, 1.0]
-        else:
-            try:
-                speedup, low, high = speedup_of(base, r, round_prior([o for o in results if o.device == r.device], r))
-            except ValueError:  # no round in which both measured
-                continue
-            r.speedup_vs_eager, r.speedup_ci = speedup, [low, high]
-            if target_pct is not None and paired_of(r) is not None:
-                r.target_reached = half_width(speedup, low, high) <= target_pct / 100
-        # The saving per step from the speedup (over rounds), so that break-even
-        # agrees with the speedup column: a row the rounds call slower has none.
-        if r is not base and r.speedup_vs_eager > 1:
-            saving = base.step_s.median * (1 - 1 / r.speedup_vs_eager)
-            extra = one_off_cost(r) - one_off_cost(base)
-            r.break_even_steps = 0 if extra <= 0 else math.ceil(extra / saving)
+        if base is not None and r is not base and r.speedup_vs_eager is not None and eager_s is not None:
+            _break_even(r, base, eager_s)
+
+
+def _break_even(r: "CellResult", base: "CellResult", eager_s: float) -> None:
+    """``up_front_s``, ``break_even_steps`` and ``break_even_ci`` of ``r`` (``derive``)."""
+    assert r.speedup_vs_eager is not None and r.speedup_ci is not None and r.step_time_s is not None
+    extra = one_off_cost(r, r.step_time_s) - one_off_cost(base, eager_s)
+    r.up_front_s = extra if extra > UP_FRONT_NOISE_STEPS * eager_s else 0.0
+    if r.up_front_s == 0.0:
+        r.break_even_steps, r.break_even_ci = 0, [0, 0]
+        return
+    low, high = r.speedup_ci
+    if low <= 1.0:  # the interval holds 1 or lies below: the saving may be none, never repaid
+        return
+
+    def steps(speedup: float) -> int:
+        return math.ceil(r.up_front_s / (eager_s * (1 - 1 / speedup)))  # type: ignore[operator]
+
+    r.break_even_steps = steps(r.speedup_vs_eager)
+    r.break_even_ci = [steps(high), steps(low)]
 
 
 def _median_later(per_round: Optional[Sequence[Optional[float]]]) -> Optional[float]:
@@ -249,9 +299,11 @@ def _derive_scaling(r: "CellResult", units_per_step: int, slowest_median: float)
 
 
 def memory_ratio(eager: "CellResult", r: "CellResult") -> Optional[float]:
-    """Eager's steady-state peak / this backend's (>1: uses less), as PyTorch's own harness reports
-    it: the measured steps' peak of CUDA allocations where both have them, else of process RSS
-    (reports older than the per-phase peaks: the lifetime peaks). One-off peaks (compile,
+    """This backend's steady-state peak / eager's (< 1: uses less; 0.80 is 20 % less), as PyTorch's
+    own harness compares them: the measured steps' peak of CUDA allocations where both have them,
+    else of process RSS. Eager's is the eager process the row's round-1 cell was paired with
+    where it has one (the same phase of the same kind of process, in the same minute), else
+    eager's own cell's (unpaired runs; older reports: the lifetime peaks). One-off peaks (compile,
     autotuning, CUDA-graph recording in the warm-up) are reported apart, not compared here.
 
     A row that replays CUDA graphs writes its activations into the graph pool's blocks, which
@@ -260,12 +312,18 @@ def memory_ratio(eager: "CellResult", r: "CellResult") -> Optional[float]:
     if r.cuda_memory_incomparable and r.cuda_peak_allocated_mb is not None:
         return None
     graphs = r.dynamo is not None and bool(r.dynamo.cudagraphs_recorded)
-    pairs = [(eager.cuda_peak_reserved_steady_mb, r.cuda_peak_reserved_steady_mb)] if graphs else \
-        [(eager.cuda_peak_allocated_steady_mb, r.cuda_peak_allocated_steady_mb),
-         (eager.cuda_peak_allocated_mb, r.cuda_peak_allocated_mb)]
-    for a, b in (*pairs, (eager.peak_rss_steady_mb, r.peak_rss_steady_mb), (eager.peak_rss_mb, r.peak_rss_mb)):
+    if r.eager_peak_rss_steady_mb is not None:  # the row's own eager partner
+        pairs = [(r.eager_cuda_peak_reserved_steady_mb, r.cuda_peak_reserved_steady_mb)] if graphs else \
+            [(r.eager_cuda_peak_allocated_steady_mb, r.cuda_peak_allocated_steady_mb)]
+        pairs.append((r.eager_peak_rss_steady_mb, r.peak_rss_steady_mb))
+    else:
+        pairs = [(eager.cuda_peak_reserved_steady_mb, r.cuda_peak_reserved_steady_mb)] if graphs else \
+            [(eager.cuda_peak_allocated_steady_mb, r.cuda_peak_allocated_steady_mb),
+             (eager.cuda_peak_allocated_mb, r.cuda_peak_allocated_mb)]
+        pairs += [(eager.peak_rss_steady_mb, r.peak_rss_steady_mb), (eager.peak_rss_mb, r.peak_rss_mb)]
+    for a, b in pairs:
         if a and b:
-            return a / b
+            return b / a
     return None
 
 
@@ -275,10 +333,12 @@ def one_off_peak(first_step: Optional[float], warmup: Optional[float]) -> Option
     return max(known) if known else None
 
 
-def one_off_cost(r: "CellResult") -> float:
+def one_off_cost(r: "CellResult", steady: Optional[float] = None) -> float:
     """What the backend costs once, beyond steady steps: compile, plus what the first step and the
-    warm-up steps took beyond as many steady steps (lazy compiles, recompiles, CUDA-graph
-    recording, TorchScript's profiling runs)."""
-    steady = r.step_s.median if r.step_s else 0.0
+    warm-up steps took beyond as many steady steps of ``steady`` seconds (lazy compiles,
+    recompiles, CUDA-graph recording, TorchScript's profiling runs), wherever the compile lands.
+    ``steady`` None: the row's own median step."""
+    if steady is None:
+        steady = r.step_s.median if r.step_s else 0.0
     beyond = max(0.0, (r.first_step_s or 0.0) - steady) + max(0.0, sum(r.warmup_s) - len(r.warmup_s) * steady)
     return (r.compile_s or 0.0) + beyond

@@ -189,8 +189,8 @@ class Pooled:
         return Pooled(sum(v * d for v, d in parts) / df, df) if df else None
 
     def doubled(self) -> "Pooled":
-        """For a difference of two rows' round means: both rows' variance (an upper bound, since
-        the round's eager process, shared by both, cancels)."""
+        """For a difference of two rows' round means: both rows' variance (each row is paired with
+        an eager process of its own, so nothing of it cancels)."""
         return Pooled(2 * self.variance, self.df)
 
 
@@ -242,10 +242,11 @@ def paired_ratio(faster: PairedRounds, slower: PairedRounds,
                  prior: Optional[Pooled] = None) -> tuple[float, float, float]:
     """``(ratio, low, high)``: ``faster``'s speedup over ``slower``'s, from the rounds both ran.
 
-    In a round both were paired with the same eager process, so their ratio is the difference
-    of their log speedups in that round (the eager process's own speed cancels); the interval is
-    Student's t over those differences, floored by both rows' step scatter, pooled with
-    ``prior`` (a single row's, ``Pooled.doubled`` here) as ``paired_speedup`` does."""
+    Their ratio in a round is the difference of their log speedups in that round (both measured
+    in the same minutes, each against an eager process of its own); the interval is Student's t
+    over those differences, floored by both rows' step scatter, pooled with ``prior`` (a single
+    row's, ``Pooled.doubled`` here: a difference carries both rows' round-to-round variance) as
+    ``paired_speedup`` does."""
     a, b = _round_logs(faster), _round_logs(slower)
     shared = sorted(set(a) & set(b))
     if not shared:

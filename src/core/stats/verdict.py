@@ -7,12 +7,14 @@ warm pairs; ``intervals.speedup_interval`` over unpaired rounds):
   fastest row at another precision is named apart, never ranked over them;
 - the best is the row with the highest speedup over eager; it is the **pick** only when
   - its interval against eager clears 1,
-  - its interval clears the noise floor: eager measured again like any backend (the
-    ``eager-control`` row, an A/A comparison), whose interval's upper end it must exceed,
+  - it clears the noise floor: eager measured again like any backend (the ``eager-control``
+    row, an A/A comparison), tested as a contender is: the 95 % interval of the best over the
+    control, round by round, lies above 1 (not two intervals that must not overlap, a test at
+    about 99.5 %),
   - its paired interval against every other contender (best over contender, round by round:
-    in a round both were paired with the same eager process) clears 1; the contenders it
-    doesn't clear are **tied** with it (each interval's round-to-round variance pooled with the
-    device's other rows', ``figures.round_prior``),
+    in a round both were measured in the same minutes, each against an eager process of its
+    own) clears 1; the contenders it doesn't clear are **tied** with it (each interval's
+    round-to-round variance pooled with the device's other rows', ``figures.round_prior``),
   - and the run has ``MIN_PAIRED_ROUNDS`` rounds of warm pairs (``T_INTERVAL_MIN_ROUNDS`` of
     unpaired rounds): with fewer, the intervals are over one process's steps, narrower than the
     truth, and nothing is picked.
@@ -120,8 +122,7 @@ def verdict(device: str, rows: Sequence["CellResult"], rounds: int = T_INTERVAL_
     # Against eager the paired interval is the best's own speedup interval.
     tied = [r.backend for r in sorted(same, key=lambda r: -(r.speedup_vs_eager or 0.0))
             if r is not best and not _clears(best, r, rows)]
-    below = (best is not eager and control is not None and control.speedup_ci is not None
-             and (best.speedup_ci or [1.0])[0] <= control.speedup_ci[1])
+    below = best is not eager and control is not None and not _clears(best, control, rows)
     result = Verdict(device, best, eager, tied, precision=baseline, other_precision=other, control=control,
                      below_control=below, rounds=rounds)
     if best is not eager:
