@@ -90,6 +90,32 @@ class Scaled:
         return lambda x: model(x) * self.factor
 
 
+class Planted:
+    """Eager's step, then ``slowdown`` times that step's own time again of busy work on the core
+    (``--backend-option planted:slowdown=0.3``: eager plus 30 % more work; 0 by default, which is
+    eager): a regression planted for the gate's tests."""
+
+    name = "planted"
+    slowdown = 0.0
+
+    def configure(self, options):
+        self.slowdown = float(options.get("slowdown", 0.0))
+
+    def compile(self, model, example, device):
+        return model
+
+    def compile_step(self, step, example, device):
+        def slowed(x, y):
+            start = time.perf_counter()
+            loss = step(x, y)
+            until = time.perf_counter() + self.slowdown * (time.perf_counter() - start)
+            while time.perf_counter() < until:  # busy, as a slower kernel would be
+                pass
+            return loss
+
+        return slowed
+
+
 class MemoryHog:
     name = "memory-hog"
 

@@ -74,6 +74,10 @@ def test_every_builtin_is_ok_with_parity_passed(builtin_report):
     assert len(by_name["jit-trace"].warmup_s) == 2  # TorchScript asks for two warm-up steps
     assert len(by_name["eager"].warmup_s) == 2  # --warmup 1, raised to 2: parity judges step 3
     assert all(r.parity.step == 3 and r.parity.check_s > 0 for r in report.results)
+    for r in report.results:  # steps 1 and 3, each with how many of its tensors were judged
+        assert [c.step for c in r.parity.coverage] == [1, 3]
+        assert sum(c.judged for c in r.parity.coverage) == r.parity.tensors
+        assert sum(c.tensors - c.judged for c in r.parity.coverage) == len(r.parity.not_judged)
 
 
 def test_torchscript_warnings_become_notes(builtin_report):
@@ -248,3 +252,34 @@ def test_fast_steps_make_a_round_of_more_pairs_than_steps():
     fused = rows["eager-fused"]
     assert fused.status is Status.OK and pairs > config.steps
     assert len(fused.step_s.samples) == len(fused.round_eager_samples[0]) == pairs
+
+
+#: The gate's end-to-end test runs at a size whose process-to-process scatter is small enough for
+#: 30 % to stand out in a few rounds (at batch 4, 8x8 a process's step switches between ~45 and ~30 ms).
+GATE_SIZE = dict(batch_size=16, rounds=4)
+
+
+def test_the_gate_fails_a_planted_slowdown_and_passes_a_repeat_end_to_end():
+    """``compare --fail-above 5`` on real runs: the same code twice passes; a backend doing eager's
+    step plus 30 % more work (``fault_backends.Planted``) against its run without fails, and only it."""
+    import fault_backends
+    from _tiny import TINY
+    from cnncompare.core.config import RunConfig, WorkloadSpec
+    from cnncompare.core.report.compare import compare_runs, regressions
+
+    registry = load_registry(extra_plugins=[fault_backends], entry_points=False)
+
+    def run(slowdown):
+        config = RunConfig(backends=("eager", "planted"), devices=("cpu",),
+                           **{**TINY, **GATE_SIZE, "workload": WorkloadSpec("seed-cnn", {"image_size": 14}, "image"),
+                              "backend_options": {"planted": {"slowdown": slowdown}}})
+        report = RunReport(environment={}, config=config)
+        run_cells(plan_cells(config, [DeviceSlot("cpu")]), config, registry, report, on_result=lambda rep: None)
+        assert all(r.status is Status.OK for r in report.results)
+        return report
+
+    base, repeat, slowed = run(0.0), run(0.0), run(0.3)
+    assert regressions(compare_runs(base, repeat), 5) == []
+    cells = {c.backend: c for c in compare_runs(base, slowed)}
+    assert [c.backend for c in regressions(list(cells.values()), 5)] == ["planted"]
+    assert 1.1 < cells["planted"].slowdown < 1.6

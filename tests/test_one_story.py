@@ -210,3 +210,23 @@ def test_the_round_order_is_drawn_per_run_from_a_recorded_seed():
     assert len(firsts) > 4  # every round, the adaptive ones too, in an order of its own
     again = RunReport.from_json(RunReport(environment={}, config=config, order_seed=99).to_json())
     assert again.order_seed == 99  # the report records it
+
+
+def test_parity_says_per_step_how_many_tensors_it_judged():
+    from dataclasses import replace
+
+    from cnncompare.core.cell.parity import coverage
+    from cnncompare.core.records import Parity, StepCoverage
+
+    keys = ["step1/grad:a", "step1/grad:b", "step3/grad:a", "step3/weight:a", "step3/buffer:b", "step3/grad:b"]
+    got = coverage(keys, ["step3/grad:a", "step3/weight:a", "step3/buffer:b"])
+    assert got == [StepCoverage(1, 2, 2), StepCoverage(3, 1, 4)] and got[1].under_half and not got[0].under_half
+    eager, fast, _ = _drifting_rows()
+    parity = Parity(passed=True, reference="float64 eager, 3 steps", multiplier=5.0, tolerance=0.01,
+                    loss_rel_error=1e-7, grad_rel_error=1e-6, weight_rel_error=1e-3, eager_loss_rel_error=1e-7,
+                    eager_grad_rel_error=1e-6, eager_weight_rel_error=1e-3, worst_tensor="step3/grad:b",
+                    worst_error=1e-3, worst_limit=1e-2, margin=0.1, step=3, tensors=3, coverage=got)
+    eager.parity, fast.parity = parity, replace(parity, coverage=[StepCoverage(1, 2, 2), StepCoverage(3, 2, 4)])
+    md = render_markdown(RunReport(environment={}, config=RunConfig(rounds=2), results=[eager, fast]))
+    assert "after step 3 1 of its 4 tensors" in md  # the fewest any row judged
+    assert "| step 1: 2 of 2; step 3: 1 of 4 " in md

@@ -14,7 +14,6 @@ def test_step_stats_keep_samples_and_derive_quartiles():
     assert s.samples == samples  # run order kept, not sorted
     assert (s.median, s.q1, s.q3, s.min, s.max, s.n) == (3.0, 2.0, 4.0, 1.0, 5.0, 5)
     assert s.iqr == 2.0
-    assert s.relative_spread == pytest.approx(2 / 3)
 
 
 def test_step_stats_even_count_and_single_sample():

@@ -33,6 +33,20 @@ class Status(str, Enum):
 
 
 @dataclass
+class StepCoverage:
+    """What parity judged after one step: ``judged`` of its ``tensors`` (the others are beyond
+    what fp32 itself resolves at this config)."""
+
+    step: int
+    judged: int
+    tensors: int
+
+    @property
+    def under_half(self) -> bool:
+        return 2 * self.judged < self.tensors
+
+
+@dataclass
 class Parity:
     """The backend's training (in inference: its forwards) against float64 eager after the same
     steps on the same batches (``cell/parity.py``, whose docstring states the rules).
@@ -45,7 +59,8 @@ class Parity:
     for scale, for fp32 eager. ``worst_tensor`` is the check nearest its limit (a tensor's key;
     ``scale of <key>`` for the scale test; ``trajectory:<k>`` for step k's loss against fp32
     eager's) and ``margin`` its ``worst_error / worst_limit`` (pass at <= 1).
-    ``trajectory_steps`` is how many steps' losses were checked; ``precision`` what the row
+    ``coverage`` says, per judged step (1 and N), how many of its tensors were judged out of how
+    many there are (the rest are ``not_judged``). ``trajectory_steps`` is how many steps' losses were checked; ``precision`` what the row
     measured as computing in (fp32, tf32, bf16, fp16: the nearest reference by its first-step
     errors), ``declared_precision`` what the backend declares; ``random`` that the workload
     draws random numbers (judged with eager's: docs/parity.md). ``check_s`` is the cell's own
@@ -75,6 +90,7 @@ class Parity:
     step: int = 1
     tensors: Optional[int] = None
     not_judged: list[str] = field(default_factory=list)
+    coverage: list["StepCoverage"] = field(default_factory=list)
     trajectory_steps: Optional[int] = None
     precision: Optional[str] = None
     declared_precision: Optional[str] = None

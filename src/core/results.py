@@ -38,7 +38,7 @@ from .stats import StepStats
 #: 9: each row's ``use_it`` (the code a user writes to get it; empty in older reports).
 #: 10: every speed figure from the paired measurement: ``step_time_s`` and ``step_time_ci`` (eager's
 #: paired step / the speedup), ``images_per_s`` and GFLOP/s from them; ``up_front_s`` and
-#: ``break_even_ci``; ``memory_vs_eager`` (the backend's peak / eager's, < 1 uses less) replaces
+#: ``break_even_ci``; parity's ``coverage`` per judged step; ``memory_vs_eager`` (the backend's peak / eager's, < 1 uses less) replaces
 #: ``memory_ratio_vs_eager`` (eager's / the backend's); the report's ``order_seed``. ``step_s`` is
 #: each row's own processes' steps, unpaired.
 SCHEMA_VERSION = 10

@@ -64,7 +64,7 @@ from torch import nn
 # Steps before the parity step, at least: stated in config, where the command line and the report read it
 # without torch.
 from ..config import PARITY_MIN_WARMUP
-from ..records import Parity
+from ..records import Parity, StepCoverage
 from .training import output_tensors, trained_parameters
 
 #: A limit's multiple of the tensor's sensitivity. Measured at the default config after step 4:
@@ -263,6 +263,17 @@ def _sensitivities(reference: dict, precision: str) -> tuple[dict[str, float], d
     return sens, scale, drift, f" (raised to eager {precision}'s own error)"
 
 
+def coverage(keys: list[str], unresolved: list[str]) -> list[StepCoverage]:
+    """Per judged step (a key's ``step<k>/`` prefix), its tensors and how many of them were judged."""
+    steps: dict[int, list[int]] = {}
+    for key in keys:
+        if key.startswith("step") and "/" in key:
+            counts = steps.setdefault(int(key[4:key.index("/")]), [0, 0])
+            counts[1] += 1
+            counts[0] += key not in unresolved
+    return [StepCoverage(step, judged, total) for step, (judged, total) in sorted(steps.items())]
+
+
 def compare_with_reference(got: dict[str, torch.Tensor], reference: dict, rtol: float, step: int,
                            precision: str = "fp32", losses: Optional[list[float]] = None) -> Parity:
     """Judge a row's snapshots (``snapshot``/``output_snapshot`` after step 1 and ``step``) and,
@@ -350,6 +361,7 @@ def compare_with_reference(got: dict[str, torch.Tensor], reference: dict, rtol: 
         step=step,
         tensors=len(ref) - len(unresolved),
         not_judged=unresolved,
+        coverage=coverage(list(ref), unresolved),
         trajectory_steps=checked or None,
         precision=measured_precision(reference, rel),
         declared_precision=precision,

@@ -92,8 +92,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("{unit}s/s", "throughput: the batch's {unit}s ÷ the step time (from the speedup, as **step (s)**)."),
     Column("own median (s), own IQR (s)", "the median and the third minus first quartile of the steps the row's "
            "own processes measured, every round's: unpaired, each from its own minutes, so rows' medians differ by "
-           "the machine's drift as well as by the backend (`step_s` in the JSON). The summary warns when the IQR "
-           "exceeds 10 % of the median."),
+           "the machine's drift as well as by the backend (`step_s` in the JSON). Nothing in the verdict is read "
+           "from them."),
     Column("first step (s)", "the first step alone, which holds lazy compilation (`torch.compile` compiles "
            "{lazy} here). Cold: every cell runs in a fresh process with a fresh inductor cache. **warm first step "
            "(s)** is the median of later rounds', which reuse the cell's cache."),

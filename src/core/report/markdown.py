@@ -18,6 +18,7 @@ from .charts import PLOT_HINT
 from .formatting import md_cell, md_code, num
 from .legend import how_to_read
 from .summary import (
+    coverage_line,
     parity_cost_line,
     randomness_line,
     rounds_line,
@@ -104,7 +105,8 @@ def render_markdown(report: RunReport, charts: Optional[list[tuple[str, str]]] =
         parity = parity_table(rows)
         if parity:
             out += ["", f"Parity ({md_cell(device)}): each tensor's error against float64 eager after the same steps, "
-                        "÷ its limit (see How to read this)." + parity_cost_line(rows) + randomness_line(rows),
+                        "÷ its limit (see How to read this)." + coverage_line(rows) + parity_cost_line(rows)
+                        + randomness_line(rows),
                     "", parity]
         scaling = scaling_table(rows, config)
         if scaling:

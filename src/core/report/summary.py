@@ -15,7 +15,6 @@ from ..results import CellResult, RoundInfo, RunReport
 from ..stats import (
     CONFIDENCE,
     CONTROL,
-    NOISE_THRESHOLD,
     T_INTERVAL_MIN_ROUNDS,
     Verdict,
     measured_precision,
@@ -146,16 +145,12 @@ def _ranked_line(v: Verdict, mode: str) -> str:
         return (f"- **{device}**: a tie: **{md_cell(best.backend)}** at {speedup(best)} eager, and {names}, which it "
                 f"doesn't beat at {CONFIDENCE:.0%} round by round. {MORE}")
     text = (f"- **{device}**: pick **{md_cell(best.backend)}**, {step_time(best)} s/step against eager's "
-            f"{num(v.eager.step_time_s, 4)}, {speedup(best)} eager")
+            f"{num(v.eager.step_time_s)}, {speedup(best)} eager")
     if best.break_even_steps == 0:
         text += ", with no extra up-front cost"
     elif (steps := best.break_even_steps) is not None:
         text += (f"; its {num(best.up_front_s)} s up front are repaid after {break_even(best)} "
                  f"{plural(STEP_UNIT[mode], steps)}")
-    if v.overlaps_eager:
-        text += " (its quartiles overlap eager's: within one round's noise)"
-    elif v.noisy:
-        text += f" (spread above {NOISE_THRESHOLD * 100:.0f} % of the median: a noisy machine)"
     return text + "."
 
 
@@ -231,6 +226,23 @@ def randomness_line(rows: list[CellResult]) -> str:
             "generator before each step, and inductor draws eager's random numbers "
             "(`torch._inductor.config.fallback_random`), so a correct backend computes the same masks; compiled "
             "rows were timed that way too, not with inductor's own generator.")
+
+
+def coverage_line(rows: list[CellResult]) -> str:
+    """Where a judged step's tensors were mostly beyond resolution, how few parity judged: per step,
+    the fewest judged over the rows (the steps and counts are the workload's, the same for every
+    row at this config)."""
+    thin: dict[int, tuple[int, int]] = {}
+    for r in rows:
+        for c in (r.parity.coverage if r.parity is not None else []):
+            if c.under_half and (c.step not in thin or c.judged < thin[c.step][0]):
+                thin[c.step] = (c.judged, c.tensors)
+    if not thin:
+        return ""
+    steps = ", ".join(f"after step {step} {judged} of its {tensors} tensors" for step, (judged, tensors) in sorted(thin.items()))
+    return (f" Parity judged fewer than half of a step's tensors here: {steps}; the others change by less "
+            "than fp32's own rounding can tell at this size (they are not judged: a larger batch or more steps "
+            "resolve more).")
 
 
 def parity_cost_line(rows: list[CellResult]) -> str:

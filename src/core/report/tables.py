@@ -29,6 +29,14 @@ def _parity_cell(r: CellResult) -> str:
     return f"{verdict} ({margin(p.margin)})"
 
 
+def _coverage_cell(p: Any) -> str:
+    """Per judged step, its tensors judged out of all (reports before coverage: the total and the
+    count not resolvable)."""
+    if not p.coverage:
+        return f"{p.tensors} ({len(p.not_judged)} not resolvable)"
+    return "; ".join(f"step {c.step}: {c.judged} of {c.tensors}" for c in p.coverage)
+
+
 def _precision_cell(r: CellResult) -> str:
     """The precision the row measured as computing in, and what it declares where that differs."""
     measured = measured_precision(r)
@@ -176,7 +184,7 @@ def parity_table(results: list[CellResult]) -> Optional[str]:
         groups = " / ".join(num(e, 2) for e in _parity_groups(p).values())
         rows.append([md_cell(r.backend), "pass" if p.passed else "FAIL", margin(p.margin),
                      md_cell(p.worst_tensor or "–"), num(p.worst_error, 2), num(p.worst_limit, 2),
-                     str(p.step), f"{p.tensors} ({len(p.not_judged)} not resolvable)",
+                     str(p.step), _coverage_cell(p),
                      str(p.trajectory_steps or "–"), groups])
     if not rows:
         return None

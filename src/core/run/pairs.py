@@ -78,8 +78,6 @@ class Peer:
         #: The warm-up steps the cell ran after its first step, before it was ready.
         self.warmup = 0
         self.lost = False
-        #: Steps served so far.
-        self.served = 0
         #: Run every ``WAKE_S`` while waiting for an answer (the parent's supervision of the
         #: processes it drives; it raises ``Stopped`` to stop waiting).
         self.waiting: Callable[[], None] = unsupervised
@@ -110,9 +108,7 @@ class Peer:
         """The seconds of the cell's next ``n`` steps, each timed in the cell."""
         try:
             self._send({"steps": n})
-            samples = [float(s) for s in self.read(timeout_s)["samples"]]
-            self.served += len(samples)
-            return samples
+            return [float(s) for s in self.read(timeout_s)["samples"]]
         except Stopped:  # the parent's own decision: which peer is lost, it has said
             raise
         except PeerLost:

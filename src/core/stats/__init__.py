@@ -34,7 +34,6 @@ from .intervals import (
     CONFIDENCE,
     DEFAULT_ALPHA,
     MIN_PAIRED_ROUNDS,
-    NOISE_THRESHOLD,
     T_INTERVAL_MIN_ROUNDS,
     PairedRounds,
     Pooled,
@@ -44,7 +43,6 @@ from .intervals import (
     interval_ratio,
     paired_ratio,
     paired_speedup,
-    quartiles_overlap,
     round_medians,
     rounds_test,
     rounds_to_target,
@@ -55,10 +53,10 @@ from .intervals import (
 from .verdict import CONTROL, Verdict, verdict
 
 __all__ = ["BOOTSTRAP_RESAMPLES", "CONFIDENCE", "CONTROL", "DEFAULT_ALPHA", "KERNEL_SHARE_HINT",
-           "LATENCY_PERCENTILES", "MIN_PAIRED_ROUNDS", "NOISE_THRESHOLD", "PairedRounds", "ParityCost", "Pooled",
+           "LATENCY_PERCENTILES", "MIN_PAIRED_ROUNDS", "PairedRounds", "ParityCost", "Pooled",
            "Rounds", "StepStats", "T_INTERVAL_MIN_ROUNDS", "TargetCost", "UP_FRONT_NOISE_STEPS", "Verdict",
            "derive", "eager_step_s", "half_width", "interval_ratio", "kernel_share", "kernel_share_hint",
            "later_round_s", "measured_precision", "measured_rounds", "memory_ratio", "one_off_cost",
-           "one_off_peak", "paired_of", "paired_ratio", "paired_speedup", "parity_cost", "quartiles_overlap",
+           "one_off_peak", "paired_of", "paired_ratio", "paired_speedup", "parity_cost",
            "round_medians", "round_prior", "rounds_of", "rounds_test", "rounds_to_target", "sentinel_spread",
            "slowest", "speedup_interval", "target_cost", "typical_step_s", "verdict"]

@@ -14,8 +14,6 @@ from typing import Optional, Sequence
 import numpy as np
 from scipy import stats as _scipy
 
-#: IQR / median above this: the machine was noisy (torch.utils.benchmark warns at the same 10 %).
-NOISE_THRESHOLD = 0.10
 #: Significance level of ``cnncompare compare``'s test.
 DEFAULT_ALPHA = 0.05
 #: A speedup's interval: this coverage; with fewer than ``T_INTERVAL_MIN_ROUNDS`` rounds, from this
@@ -73,20 +71,6 @@ class StepStats:
         low = math.floor(position)
         high = min(low + 1, len(data) - 1)
         return data[low] + (data[high] - data[low]) * (position - low)
-
-    @property
-    def relative_spread(self) -> float:
-        """IQR / median."""
-        return self.iqr / self.median if self.median > 0 else math.inf
-
-    @property
-    def noisy(self) -> bool:
-        return self.relative_spread > NOISE_THRESHOLD
-
-
-def quartiles_overlap(faster: StepStats, slower: StepStats) -> bool:
-    """Whether the faster one's third quartile reaches the slower one's first: within the noise."""
-    return faster.q3 >= slower.q1
 
 
 def slowest(medians: Sequence[float]) -> int:

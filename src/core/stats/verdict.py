@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..records import Status
 from .figures import measured_precision, paired_of, round_prior, rounds_of
-from .intervals import MIN_PAIRED_ROUNDS, T_INTERVAL_MIN_ROUNDS, paired_ratio, quartiles_overlap, speedup_interval
+from .intervals import MIN_PAIRED_ROUNDS, T_INTERVAL_MIN_ROUNDS, paired_ratio, speedup_interval
 
 if TYPE_CHECKING:
     from ..results import CellResult
@@ -47,9 +47,6 @@ class Verdict:
     best: Optional["CellResult"]
     eager: Optional["CellResult"]
     tied_with: list[str] = field(default_factory=list)
-    #: The best row's quartiles reach eager's: the win is within one round's noise.
-    overlaps_eager: bool = False
-    noisy: bool = False
     #: eager's measured precision, which ``best`` and ``tied_with`` share.
     precision: Optional[str] = None
     #: The fastest row at another precision, where it is faster than ``best``.
@@ -123,10 +120,5 @@ def verdict(device: str, rows: Sequence["CellResult"], rounds: int = T_INTERVAL_
     tied = [r.backend for r in sorted(same, key=lambda r: -(r.speedup_vs_eager or 0.0))
             if r is not best and not _clears(best, r, rows)]
     below = best is not eager and control is not None and not _clears(best, control, rows)
-    result = Verdict(device, best, eager, tied, precision=baseline, other_precision=other, control=control,
-                     below_control=below, rounds=rounds)
-    if best is not eager:
-        assert best.step_s is not None and eager.step_s is not None
-        result.overlaps_eager = quartiles_overlap(best.step_s, eager.step_s)
-        result.noisy = not result.overlaps_eager and (best.step_s.noisy or eager.step_s.noisy)
-    return result
+    return Verdict(device, best, eager, tied, precision=baseline, other_precision=other, control=control,
+                   below_control=below, rounds=rounds)
