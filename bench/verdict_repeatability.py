@@ -79,7 +79,7 @@ def main() -> int:
     rows_a = {r["backend"]: r for r in a["results"] if r["status"] == "ok"}
     rows_b = {r["backend"]: r for r in b["results"] if r["status"] == "ok"}
     config = a["config"]
-    lines = [f"config: at least {config['rounds']} rounds of {config['steps']} step pairs with a warm eager process "
+    lines = [f"config: at least {config['rounds']} rounds of {config['steps']} step pairs, each cell with an eager process of its own "
              f"({config['warmup']} warm-up steps), target ±{config.get('target', 3.0):g} %, budget "
              f"{config.get('budget_s', 540):g} s, batch {config['batch_size']}; torch {a['environment']['torch']}, "
              f"{a['environment']['cpu']} ({a['environment']['threads']} threads)",

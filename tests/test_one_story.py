@@ -228,5 +228,5 @@ def test_parity_says_per_step_how_many_tensors_it_judged():
                     worst_error=1e-3, worst_limit=1e-2, margin=0.1, step=3, tensors=3, coverage=got)
     eager.parity, fast.parity = parity, replace(parity, coverage=[StepCoverage(1, 2, 2), StepCoverage(3, 2, 4)])
     md = render_markdown(RunReport(environment={}, config=RunConfig(rounds=2), results=[eager, fast]))
-    assert "after step 3 1 of its 4 tensors" in md  # the fewest any row judged
+    assert "1 of the 4 tensors after step 3" in md  # the fewest any row judged
     assert "| step 1: 2 of 2; step 3: 1 of 4 " in md

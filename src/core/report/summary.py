@@ -239,7 +239,7 @@ def coverage_line(rows: list[CellResult]) -> str:
                 thin[c.step] = (c.judged, c.tensors)
     if not thin:
         return ""
-    steps = ", ".join(f"after step {step} {judged} of its {tensors} tensors" for step, (judged, tensors) in sorted(thin.items()))
+    steps = ", ".join(f"{judged} of the {tensors} tensors after step {step}" for step, (judged, tensors) in sorted(thin.items()))
     return (f" Parity judged fewer than half of a step's tensors here: {steps}; the others change by less "
             "than fp32's own rounding can tell at this size (they are not judged: a larger batch or more steps "
             "resolve more).")

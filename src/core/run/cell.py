@@ -175,7 +175,7 @@ def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunC
         outcome, cold = _measure(backend, workload, slot.name, config, cell_dir, run_dir, on_phase,
                                  cache_dir or os.path.join(cell_dir, "compile-cache"), judge, pairing)
         result = _result(outcome, config, row)
-        if pairing is not None and result.step_s is not None:
+        if pairing is not None and result.step_s is not None:  # drive reset them when the pairs began
             paired = pairing.eager_samples
             result.round_eager_samples = [paired if paired and len(paired) == result.step_s.n else []]
             eager = pairing.eager_outcome.record if pairing.eager_outcome and paired else None

@@ -6,8 +6,9 @@ pairs (any single-process run with eager on a device it can run on) eager's cold
 first and alone; then in each round every backend's cell, once warm, is paired with a fresh
 eager process of its own, warmed up as long (``cell.Pairing``, ``pairs.py``;
 ``pairs.round_size`` step pairs): round 1's cells are the cold ones (compile, memory, parity),
-later rounds reuse each cell's compile cache and add their paired steps to its row. After ``--rounds``, more rounds go to the rows whose interval is
-wider than ``--target`` while ``--budget`` lasts. Under ``--nproc`` the rounds are unpaired:
+later rounds reuse each cell's compile cache and add their paired steps to its row. After
+``--rounds``, more rounds go to the rows whose interval is wider than ``--target`` while
+``--budget`` lasts. Under ``--nproc`` the rounds are unpaired:
 each cell once per round. What one cell does is ``cell.py``'s.
 """
 from __future__ import annotations
@@ -219,6 +220,7 @@ class _Run:
 
                 pairing = Pairing(start_eager, pairs, rng, config.timeout_s, chunk)
                 for name in due:
+                    pairing.eager_samples = pairing.eager_outcome = None  # a cell that ends before its pairs has none
                     reference_s = self._fold(self._cell(name, slot, k, pairing), k, reference_s)
                     if pairing.eager_samples and pairing.eager_outcome is not None:
                         eager_rounds.append(_result(pairing.eager_outcome, config,
