@@ -37,9 +37,13 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def run(path: Path, extra: list[str]) -> float:
+    """One run, its JSON at ``path`` (its markdown and charts: ``cnncompare report`` draws them again)."""
+    import tempfile
+
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "cnncompare", "--devices", "cpu", *extra, "--json", str(path),
-                    "--output", str(path.with_suffix(".md"))], check=True, stdout=subprocess.DEVNULL)
+    with tempfile.TemporaryDirectory() as where:
+        subprocess.run([sys.executable, "-m", "cnncompare", "--devices", "cpu", *extra, "--json", str(path),
+                        "--output", str(Path(where) / "run.md")], check=True, stdout=subprocess.DEVNULL)
     return time.perf_counter() - start
 
 

@@ -216,7 +216,7 @@ class Unpicklable:
 
 
 ALL = [RaiseInCompile, RaiseAtFourthStep, Hang, Abort, Segfault, NanLoss, WrongNumbers, MemoryHog, SwellInSteps, Minimal, Scaled,
-       RaiseOnRank1, KillRank1]
+       RaiseOnRank1, KillRank1, Planted]
 
 
 @cnncompare.hookimpl
