@@ -256,7 +256,7 @@ def test_fast_steps_make_a_round_of_more_pairs_than_steps():
 
 #: The gate's end-to-end test runs at a size whose process-to-process scatter is small enough for
 #: 30 % to stand out in a few rounds (at batch 4, 8x8 a process's step switches between ~45 and ~30 ms).
-GATE_SIZE = dict(batch_size=16, rounds=4)
+GATE_SIZE = dict(batch_size=16, rounds=4, budget_s=1.0)  # the 4 rounds, no more
 
 
 def test_the_gate_fails_a_planted_slowdown_and_passes_a_repeat_end_to_end():
