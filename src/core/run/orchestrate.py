@@ -207,7 +207,9 @@ class _Run:
                                   "fresh eager process of its own")
             pairs, chunk = round_size(_eager_step_s(self.report, slot.name), config.steps, config.round_s)
             rng = random.Random(f"{self.report.order_seed}:{slot.name}:{k}:pairs")
-            eager_rounds: list[CellResult] = []
+            # Eager's side of the round: every eager process's steps, and the first one's outcome.
+            eager_samples: list[float] = []
+            eager_outcome = None
             with tempfile.TemporaryDirectory(prefix="cnncompare-eager-") as eager_dir:
                 twins = iter(range(len(due)))
                 cache = os.path.join(self.run_dir, "caches", slot.name.replace(":", "-"), "eager")
@@ -223,14 +225,13 @@ class _Run:
                     pairing.eager_samples = pairing.eager_outcome = None  # a cell that ends before its pairs has none
                     reference_s = self._fold(self._cell(name, slot, k, pairing), k, reference_s)
                     if pairing.eager_samples and pairing.eager_outcome is not None:
-                        eager_rounds.append(_result(pairing.eager_outcome, config,
-                                                    _row_fields(self.registry.get("eager"), None, slot, config)))
-                        eager_rounds[-1].step_s = StepStats.from_samples(pairing.eager_samples)
+                        eager_samples += pairing.eager_samples
+                        eager_outcome = eager_outcome or pairing.eager_outcome
             eager_row = _row(self.report, "eager", slot.name)
-            if k > 1 and eager_rounds and eager_row is not None and len(eager_row.rounds or []) < k:
+            if k > 1 and eager_outcome is not None and eager_row is not None and len(eager_row.rounds or []) < k:
                 # Eager's round k: the steps of every eager process of the round.
-                result = eager_rounds[0]
-                result.step_s = StepStats.from_samples([s for e in eager_rounds for s in (e.step_s.samples if e.step_s else [])])
+                result = _result(eager_outcome, config, _row_fields(self.registry.get("eager"), None, slot, config))
+                result.step_s = StepStats.from_samples(eager_samples)
                 result.wall_s = 0.0  # its time is in each row's
                 self.done += 1  # eager's round, counted in the plan, is no cell of its own
                 self._fold(result, k, None)
