@@ -42,7 +42,7 @@ from . import rank as ddp
 from . import reference
 from .diagnostics import DynamoWatch
 from .memory import DescendantsPeak, PhasePeaks, current_rss_mb, per_step_usage, process_usage, use_malloc
-from .parity import compare_with_reference, output_snapshot, parity_step, snapshot
+from .parity import compare_with_reference, output_snapshot, parity_step, snapshot, weights_snapshot
 from .rank import Rank
 from .roofline import roofline
 from .serve import serve as serve_steps
@@ -186,7 +186,9 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
     # (measured over the committed runs' rounds).
     warmup = max(config.warmup, judged - 1) if judge else max(base.min_warmup(backend), config.warmup)
     # Under DDP only global rank 0 writes them (its parity).
-    snapshot_paths = [os.path.join(cell_dir, f"parity-step{k}.pt") for k in (1, judged)]
+    # In training also the weights after step N - 1: the row's own last update is judged.
+    snapshot_paths = [os.path.join(cell_dir, f"parity-step{k}.pt")
+                      for k in ((1, judged) if job.inference else (1, judged - 1, judged))]
     # Every step's loss; in inference each forward's largest magnitude, and the last output.
     losses: list[Any] = OutputLog() if job.inference else []
 
@@ -249,10 +251,12 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
 
         def after_warmup_step(i: int, model=model, forward=forward, losses=losses) -> None:
             on_phase("warmup", i, warmup)
+            if judge and 1 + i == judged - 1 and not job.inference and (rank is None or rank.rank == 0):
+                torch.save(weights_snapshot(model, forward, judged - 1), snapshot_paths[1])
             if judge and 1 + i == judged:  # the parity step's state (untimed; the losses are the ranks' mean under DDP)
                 judged_losses = ddp.mean_losses(losses) if rank else losses
                 if rank is None or rank.rank == 0:
-                    torch.save(judged_state(model, forward, judged_losses), snapshot_paths[1])
+                    torch.save(judged_state(model, forward, judged_losses), snapshot_paths[-1])
 
         record.warmup_s = timed_steps(step, inputs, 2, warmup, device, losses, after_warmup_step)
         # Warm-up's peaks are one-off (CUDA-graph recording, recompiles, the parity snapshot):

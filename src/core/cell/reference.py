@@ -5,7 +5,8 @@ A clean process, TF32 off and matmuls at full precision, so that no backend's gl
 (``set_float32_matmul_precision``, cuDNN flags) leak into the limits every row is held to. It
 trains the workload eagerly over the run's batches (``training.Job.batches``):
 
-- in float64: the truth, to the deepest parity step any planned backend has;
+- in float64: the truth, to the deepest parity step any planned backend has (and its weights one
+  step before each parity step: each row's last update is judged against the update they make);
 - in fp32, three times: plain, and twice with every module's output and gradient perturbed by
   a seeded relative ``JITTER`` (256 fp32 ulps).
   The largest of the three errors is each tensor's *sensitivity* to a correct change of rounding.
@@ -78,6 +79,8 @@ class Meta:
 
     random: bool
     seconds: float
+    #: When it was computed (UTC, ISO 8601).
+    computed_at: Optional[str] = None
 
     @classmethod
     def load(cls, run_dir: str, device: str) -> "Meta":
@@ -282,28 +285,30 @@ def compute(job: Job, device: torch.device, plan: ReferencePlan) -> dict:
     start = time.perf_counter()
     deepest = max(plan.parity_steps)
     snap_at = frozenset({1, *plan.parity_steps})
-    before_at = frozenset(n - 1 for n in plan.parity_steps)
+    before_at = frozenset() if job.inference else frozenset(n - 1 for n in plan.parity_steps)
+    # Every training run also keeps its weights before each parity step: its last update is judged.
+    judged_at = snap_at | before_at
     steps = max(plan.steps, deepest)
     random = draws_random_numbers(job, device)
     run = functools.partial(trajectory, job, device, shards=plan.shards, random=random)
     mps = device.type == "mps"  # no float64 on MPS: fp32 eager is the reference there
     with full_fp32():
-        eager, losses = run(torch.float32, steps, snap_at | (before_at if mps else frozenset()))
+        eager, losses = run(torch.float32, steps, judged_at)
         try:
-            exact = eager if mps else run(torch.float64, deepest, snap_at | before_at)[0]
+            exact = eager if mps else run(torch.float64, deepest, judged_at)[0]
         except Exception as exc:
             raise WorkloadError(f"workload {job.workload.name!r} can't {'run' if job.inference else 'train'} in "
                                 f"float64 for the parity reference: {type(exc).__name__}: {exc}") from exc
         init = {} if job.inference else weights_before(exact, plan.parity_steps)
         ref = {k: v for k, v in exact.items() if k.startswith("loss:") or int(k.split("/")[0][4:]) in snap_at}
         del exact
-        perturbed, perturbed_losses = run(torch.float32, steps, snap_at, perturb=1)
-        second, second_losses = run(torch.float32, steps, snap_at, perturb=2)
+        perturbed, perturbed_losses = run(torch.float32, steps, judged_at, perturb=1)
+        second, second_losses = run(torch.float32, steps, judged_at, perturb=2)
         precisions: dict[str, Any] = {}
         for p in dict.fromkeys((*CANDIDATES.get(device.type, ()), *plan.precisions)):
             full = p in plan.precisions
             try:
-                computed = run(torch.float32, steps if full else 1, snap_at if full else frozenset({1}), precision=p)
+                computed = run(torch.float32, steps if full else 1, judged_at if full else frozenset({1}), precision=p)
                 # One ulp of each reduced precision (twice its unit roundoff): a correct implementation may
                 # round any op's result to either neighbour. Measured at the default config: perturbed by half a
                 # unit roundoff, bf16 eager's last BatchNorm-weight update moved 0.1 % in scale where
@@ -311,7 +316,7 @@ def compute(job: Job, device: torch.device, plan: ReferencePlan) -> dict:
                 # cover that in one draw of the noise, 1.6-2x short of it in three others. Two draws, the
                 # larger error counting, as for fp32; only their snapshots are used (the drift is the plain
                 # run's), so they stop at the deepest parity step.
-                perturbed_p = [run(torch.float32, deepest, snap_at, precision=p, perturb=seed,
+                perturbed_p = [run(torch.float32, deepest, judged_at, precision=p, perturb=seed,
                                    amplitude=REDUCED_JITTER * UNIT_ROUNDOFF[p])[0] for seed in (3, 4)] if full else []
             except Exception as exc:  # autocast in that dtype unsupported here: that precision isn't named
                 precisions[p] = f"{type(exc).__name__}: {exc}"
@@ -338,7 +343,7 @@ def assemble(name: str, ref: dict, init: dict, eager: dict, perturbed: list[dict
     eager_rel, eager_scale = errors(eager_stats)
     sens, sens_scale = dict(eager_rel), dict(eager_scale)
     for state in perturbed:
-        rel, scale = errors(stats(state, ref, init, only=[k for k in ref if k in state]))
+        rel, scale = errors(stats(state, ref, init))
         for key in rel:
             sens[key], sens_scale[key] = max(sens[key], rel[key]), max(sens_scale[key], scale[key])
     by_precision: dict[str, dict] = {}
@@ -347,7 +352,7 @@ def assemble(name: str, ref: dict, init: dict, eager: dict, perturbed: list[dict
             by_precision[p] = {"error": computed}
             continue
         state, p_losses, full, perturbed_p = computed
-        rel, scale = errors(stats(state, ref, init, only=[k for k in ref if k in state]))
+        rel, scale = errors(stats(state, ref, init))
         for other in perturbed_p:
             more, more_scale = errors(stats(other, ref, init, only=list(rel)))
             rel = {k: max(v, more[k]) for k, v in rel.items()}
@@ -384,5 +389,6 @@ def build(job: Job, device: torch.device, plan: ReferencePlan, run_dir: str) -> 
     tmp = f"{ref_path}.{os.getpid()}.tmp"
     torch.save(data, tmp)
     os.replace(tmp, ref_path)
-    write_atomic(meta_path, json.dumps({"random": data["random"], "seconds": data["seconds"]}))
+    write_atomic(meta_path, json.dumps({"random": data["random"], "seconds": data["seconds"],
+                                        "computed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
     return data["seconds"]

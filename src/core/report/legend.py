@@ -28,8 +28,9 @@ LAZY = {"train": "forward and backward", "inference": "the forward"}
 PARITY_JUDGES = {
     "train": "the backend's training against float64 eager trained the same steps on the same batches: every "
              "gradient and buffer (BatchNorm's running statistics and counts) after step 1; every gradient, weight "
-             "(its last update) and buffer after the *parity step*, the first after the backend's warm-up (step 3 "
-             "for the built-ins: with Adam's state, CUDA graphs replaying, TorchScript optimised); the loss of every "
+             "(against its last update), the last update itself and buffer after the *parity step*, the first after the "
+             "backend's warm-up (step 3 for the built-ins: with Adam's state, CUDA graphs replaying, TorchScript "
+             "optimised); the loss of every "
              "step up to it; then every later step's loss of the first round against fp32 eager's.",
     "inference": "the backend's forward against float64 eager's forward of the eval-mode model on the same "
                  "batches: the outputs (against their spread) and every buffer (BatchNorm's running statistics, "
@@ -84,8 +85,8 @@ COLUMNS: tuple[Column, ...] = (
            "a few ulps, twice) plus the backend's relative tolerance (1 % unless it declares more), and its size along "
            "the reference (⟨x − ref, ref⟩ / ⟨ref, ref⟩) is within 5 × theirs + 1 %. A row declaring bf16 or fp16 "
            "has each sensitivity raised to eager's own error in that precision. The parity table names the worst "
-           "check, and how many tensors were beyond resolution. Tensors "
-           "whose sensitivity exceeds 1 % can't be resolved at this size and are not judged."),
+           "check, and how many tensors were beyond resolution. Each of the two checks is judged where the fp32 "
+           "computations agree to 1 %; a tensor neither resolves can't be judged at this size."),
     Column("computes in", "the precision the row's first-step errors match best: fp32, or eager's own under "
            "autocast bf16 (on CUDA also fp16 and TF32), with what the backend declares where that differs. The "
            "summary ranks a row at another precision than eager's apart, never over the rows at eager's."),
