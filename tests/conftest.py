@@ -1,5 +1,8 @@
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -16,6 +19,11 @@ from cnncompare.core.config import RunConfig  # noqa: E402
 #: Inherited by every process this test session starts, so leftover children can be told
 #: apart from those of another test run on the same machine.
 os.environ.setdefault("CNNCOMPARE_TEST_RUN", uuid.uuid4().hex)
+#: The session's parity-reference cache: never the user's, shared by the session's tests (a test
+#: about the cache takes one of its own), removed when the session ends.
+if "CNNCOMPARE_CACHE_DIR" not in os.environ:
+    os.environ["CNNCOMPARE_CACHE_DIR"] = tempfile.mkdtemp(prefix="cnncompare-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["CNNCOMPARE_CACHE_DIR"], True)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -41,6 +49,17 @@ def _shared_kernel_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(launch, "child_env", child_env)
         yield
+
+
+@pytest.fixture
+def fresh_reference_cache(monkeypatch, tmp_path):
+    """An empty parity-reference cache of the test's own, and no reference this process made
+    earlier: the run computes its reference. Its entries' directory."""
+    from cnncompare.core.run import cell, reference_cache
+
+    monkeypatch.setenv(reference_cache.ENV_DIR, str(tmp_path / "cache"))
+    monkeypatch.setattr(cell, "_REFERENCES", {})
+    return tmp_path / "cache" / "reference"
 
 
 @pytest.fixture

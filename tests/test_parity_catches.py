@@ -44,7 +44,7 @@ def _assert_verdicts(rows: dict, correct: tuple, wrong: tuple, max_margin: float
         assert r.parity.precision == "fp32" and r.parity.trajectory_steps == steps
 
 
-def test_wrong_backends_fail_and_correct_ones_pass_at_the_tiny_config(tiny_config):
+def test_wrong_backends_fail_and_correct_ones_pass_at_the_tiny_config(tiny_config, fresh_reference_cache):
     correct = ("eager", "eager-fused", "channels-last")
     rows = _run(tiny_config(backends=correct + WRONG, devices=("cpu",), steps=5))
     _assert_verdicts(rows, correct, WRONG, max_margin=0.5, steps=8)

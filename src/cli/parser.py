@@ -192,6 +192,10 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                    help="leave out eager-control, eager measured again like any backend, whose speedup over eager "
                    "is the run's noise floor; the verdict picks no backend that doesn't clear it (default: added "
                    "beside eager)")
+    p.add_argument("--no-cache", action="store_true",
+                   help="compute the parity reference afresh instead of reusing the one an earlier run cached for the "
+                   "same workload, config, code, torch and device (default: reuse; the report says which; the cache "
+                   "is $CNNCOMPARE_CACHE_DIR, else $XDG_CACHE_HOME/cnncompare or ~/.cache/cnncompare)")
     out = p.add_argument_group("output")
     out.add_argument("--output", type=Path, default=None, metavar="PATH.md",
                      help="markdown report path (default: cnncompare-runs/cnncompare-<timestamp>.md)")

@@ -85,7 +85,7 @@ def _configs(args: argparse.Namespace, registry, device_parts) -> tuple[list[Run
     sizes = args.batch_size if isinstance(args.batch_size, tuple) else (args.batch_size,)
     try:
         configs = [RunConfig(backends=tuple(backends), devices=tuple(device_parts), workload=workload,
-                             backend_options=options,
+                             backend_options=options, reference_cache=not args.no_cache,
                              **{f.name: getattr(args, f.name) for f in flagged_fields()} | {"batch_size": size})
                    for size in sizes]
         configs[0].check_here()

@@ -160,6 +160,9 @@ class RunConfig:
         "system", "--malloc", "system: the C library's allocator as your own script gets it; reuse (glibc): freed "
         "CPU memory is kept for the next step instead of returned to the kernel, so large tensors stop paying "
         "page faults every step", choices=MALLOC_POLICIES)
+    #: Reuse the parity reference an earlier run cached (``run/reference_cache.py``); ``--no-cache``
+    #: turns it off. It changes nothing a cell measures.
+    reference_cache: bool = True
     #: None: one process per cell, no DDP. N: each cell is a torchrun job of N ranks per node
     #: under DistributedDataParallel (1 is DDP with one rank, e.g. to prove nccl on one GPU).
     nproc: Optional[int] = option(
@@ -276,7 +279,7 @@ class RunConfig:
 
 #: Config keys that choose what runs, where, or how it is supervised, not what a cell measures.
 _SELECTION_KEYS = ("backends", "devices", "timeout_s", "max_memory_mb", "node_rank", "rdzv_endpoint", "target",
-                   "budget_s")
+                   "budget_s", "reference_cache")
 
 
 def flagged_fields() -> list[Field]:

@@ -310,3 +310,16 @@ class ReferencePlan:
     steps: int
     precisions: tuple[str, ...] = ()
     shards: int = 1
+
+
+@dataclass
+class ReferenceInfo:
+    """How a run got one device's parity reference (``run/reference_cache.py``): ``seconds`` is
+    what computing it took when it was computed (``computed_at``), ``reused`` whether this run
+    took it from the cache or from an earlier run in the same process instead (then it paid
+    none of it), ``cache`` the cache entry's directory (None with ``--no-cache``)."""
+
+    seconds: float
+    reused: bool
+    cache: Optional[str] = None
+    computed_at: Optional[str] = None

@@ -15,7 +15,7 @@ from typing import Any, Optional
 from . import stats
 from .codec import finite, from_data
 from .config import RunConfig
-from .records import CellRecord, Measured
+from .records import CellRecord, Measured, ReferenceInfo
 from .stats import StepStats
 
 #: 2: parity judges steps 1 and N with a relative rule (``margin``, ``worst_error``, buffers);
@@ -41,7 +41,10 @@ from .stats import StepStats
 #: ``break_even_ci``; parity's ``coverage`` per judged step; ``memory_vs_eager`` (the backend's peak / eager's, < 1 uses less) replaces
 #: ``memory_ratio_vs_eager`` (eager's / the backend's); the report's ``order_seed``. ``step_s`` is
 #: each row's own processes' steps, unpaired.
-SCHEMA_VERSION = 10
+#: 11: the report's ``references`` (per device: computed or reused from the cache, and what
+#: computing it took); parity judges each weight's last ``update`` and each check (norm, scale)
+#: where fp32 resolves it.
+SCHEMA_VERSION = 11
 
 #: Environment keys that must match for two runs to be comparable cell by cell.
 #: (The thread count is the config's, compared there.)
@@ -147,6 +150,8 @@ class RunReport:
     #: The seed of every round's order and of the order inside each step pair (drawn per run
     #: unless ``--order-seed``; None in reports from before it was recorded).
     order_seed: Optional[int] = None
+    #: Per device, how the run got its parity reference: computed, or reused from the cache.
+    references: dict[str, ReferenceInfo] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
     verdicts: dict[str, stats.Verdict] = field(default_factory=dict, init=False, repr=False)
 
@@ -195,8 +200,9 @@ class RunReport:
         results = [from_data(CellResult, r) for r in data.pop("results", [])]
         round_log = {device: [from_data(RoundInfo, r) for r in rounds]
                      for device, rounds in data.pop("round_log", {}).items()}
+        references = {device: from_data(ReferenceInfo, r) for device, r in data.pop("references", {}).items()}
         return cls(**{k: v for k, v in data.items() if k in _REPORT_KEYS}, config=config, results=results,
-                   round_log=round_log)
+                   round_log=round_log, references=references)
 
     @classmethod
     def from_json(cls, text: str) -> "RunReport":

@@ -105,7 +105,8 @@ def render_markdown(report: RunReport, charts: Optional[list[tuple[str, str]]] =
         parity = parity_table(rows)
         if parity:
             out += ["", f"Parity ({md_cell(device)}): each tensor's error against float64 eager after the same steps, "
-                        "÷ its limit (see How to read this)." + coverage_line(rows) + parity_cost_line(rows)
+                        "÷ its limit (see How to read this)." + coverage_line(rows)
+                        + parity_cost_line(rows, report.references.get(device))
                         + randomness_line(rows),
                     "", parity]
         scaling = scaling_table(rows, config)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from ..config import PARITY_MIN_WARMUP, RunConfig
-from ..records import Status
+from ..records import ReferenceInfo, Status
 from ..results import CellResult, RoundInfo, RunReport
 from ..stats import (
     CONFIDENCE,
@@ -245,12 +245,20 @@ def coverage_line(rows: list[CellResult]) -> str:
             "resolve more).")
 
 
-def parity_cost_line(rows: list[CellResult]) -> str:
+def parity_cost_line(rows: list[CellResult], reference: Optional[ReferenceInfo] = None) -> str:
+    """What parity cost this run, and where its reference came from (``reference``: None in
+    reports from before the cache, or where it failed)."""
     cost = parity_cost(rows)
     if cost is None:
         return ""
     share = f": {cost.share:.0%} of the cells' {num(cost.cells_wall_s)} s" if cost.share is not None else ""
-    return (f" The check cost {num(cost.reference_s)} s for the float64 reference (computed once) and "
+    if reference is not None and reference.reused:
+        when = f" on {reference.computed_at[:10]}" if reference.computed_at else ""
+        source = (f"reused from the cache ({num(reference.seconds)} s when computed{when}; `--no-cache` computes it "
+                  f"afresh)" if reference.cache else "reused from this process's earlier run")
+        return f" The float64 reference was {source}; the checks cost {num(cost.checks_s)} s in all{share}."
+    cached = " and cached for the next run" if reference is not None and reference.cache else ""
+    return (f" The check cost {num(cost.reference_s)} s for the float64 reference (computed once{cached}) and "
             f"{num(cost.checks_s)} s of checks in all{share}.")
 
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 
 from ...backends import base
 from ..config import RunConfig
-from ..records import CellRecord, ReferencePlan, Status
+from ..records import CellRecord, ReferenceInfo, ReferencePlan, Status
 from ..results import CellResult
 from . import torchrun
 from .devices import DeviceSlot
@@ -165,10 +165,10 @@ def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunC
         return CellResult(status=Status.SKIPPED, error=reason, **{**row, "compile_cache": None})
     if run_dir is None:  # a cell on its own: a run directory of its own, with its reference
         with tempfile.TemporaryDirectory(prefix="cnncompare-run-") as own:
-            reference_s = ensure_reference([backend], workload, slot, config, own) if judge else None
+            info = ensure_reference([backend], workload, slot, config, own) if judge else None
             result = run_cell(backend, plugin, slot, config, own, on_phase, workload, cache_dir, judge, pairing)
             if result.parity is not None:
-                result.parity.reference_s = reference_s
+                result.parity.reference_s = paid(info)
             return result
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="cnncompare-cell-") as cell_dir:
@@ -202,11 +202,11 @@ def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunC
     return result
 
 
-#: References computed in this process, by what they depend on (``_reference_key``): a
+#: References this process has made available, by what they depend on (``_reference_key``): a
 #: library user (or the test suite) running job after job on the same workload, config and
-#: device computes each once. Their files live in a directory removed when the process exits;
-#: a run's directory links to them.
-_REFERENCES: dict[str, str] = {}
+#: device gets each once. Each is a directory (in the cache, or one of this process's removed
+#: when it exits) and how it was had; a run's directory links to its files.
+_REFERENCES: dict[str, tuple[str, Optional[ReferenceInfo]]] = {}
 
 
 def _reference_key(workload: Any, slot: DeviceSlot, config: RunConfig, plan: ReferencePlan) -> str:
@@ -238,12 +238,12 @@ def reference_plan(backends: list[Any], config: RunConfig) -> ReferencePlan:
 
 
 def ensure_reference(backends: list[Any], workload: Any, slot: DeviceSlot, config: RunConfig,
-                     run_dir: str) -> Optional[float]:
-    """Make the parity reference for ``backends`` on ``slot`` available in ``run_dir``: computed
-    in a child of its own, or linked from this process's earlier computation of the same one.
-    Returns the seconds computing it took, None when it failed (the failure is left in
-    ``run_dir`` for the cells to report as the workload's: ``reference.Meta.load``) or no
-    backend here can run."""
+                     run_dir: str) -> Optional[ReferenceInfo]:
+    """Make the parity reference for ``backends`` on ``slot`` available in ``run_dir``: from the
+    cache on disk (``reference_cache``, unless ``config.reference_cache`` is off), from this
+    process's earlier one, or computed in a child of its own (then cached). Returns how it was
+    had, None when it failed (the failure is left in ``run_dir`` for the cells to report as the
+    workload's: ``reference.Meta.load``) or no backend here can run."""
     from ..cell.reference import Meta, paths
 
     runnable = [b for b in backends if not (slot.unavailable or unavailable(b, slot.name, config))]
@@ -251,23 +251,68 @@ def ensure_reference(backends: list[Any], workload: Any, slot: DeviceSlot, confi
         return None
     plan = reference_plan(runnable, config)
     key = _reference_key(workload, slot, config, plan)
-    if key not in _REFERENCES:
-        _REFERENCES[key] = _compute_reference(runnable[0], workload, slot, config, plan)
-    for cached, linked in zip(paths(_REFERENCES[key], slot.name), paths(run_dir, slot.name)):
+    if key in _REFERENCES:
+        where, info = _REFERENCES[key]
+        info = replace(info, reused=True) if info is not None else None
+    else:
+        where, info = _REFERENCES[key] = _obtain_reference(runnable[0], workload, slot, config, plan)
+    for cached, linked in zip(paths(where, slot.name), paths(run_dir, slot.name)):
         if os.path.exists(cached) and not os.path.exists(linked):
             os.symlink(cached, linked)
     try:
-        return Meta.load(run_dir, slot.name).seconds
+        Meta.load(run_dir, slot.name)
     except Exception:
         return None
+    return info
+
+
+def paid(info: Optional[ReferenceInfo]) -> Optional[float]:
+    """What a run paid for its reference: nothing where it was reused."""
+    return None if info is None else 0.0 if info.reused else info.seconds
+
+
+def _obtain_reference(backend: Any, workload: Any, slot: DeviceSlot, config: RunConfig,
+                      plan: ReferencePlan) -> tuple[str, Optional[ReferenceInfo]]:
+    """The reference's directory, from the cache or computed (into the cache where it is on), and
+    how it was had (None: it failed, its error is in the directory)."""
+    from ..cell.reference import Meta
+    from . import reference_cache
+
+    if not config.reference_cache:
+        where = _compute_reference(backend, workload, slot, config, plan, _process_dir("reference"))
+        return where, _info(where, slot.name, reused=False)
+    name, described = reference_cache.key(workload, slot.name, config, plan)
+    entry = reference_cache.lookup(name)
+    if entry is not None:
+        return str(entry), _info(str(entry), slot.name, reused=True, cache=str(entry))
+    staged = reference_cache.staging()
+    _compute_reference(backend, workload, slot, config, plan, str(staged))
+    try:
+        Meta.load(str(staged), slot.name)
+    except Exception:  # failed: nothing to keep; its error stays for this run's cells
+        import atexit
+
+        atexit.register(shutil.rmtree, str(staged), True)
+        return str(staged), None
+    entry = reference_cache.publish(staged, name, described)
+    return str(entry), _info(str(entry), slot.name, reused=False, cache=str(entry))
+
+
+def _info(where: str, device: str, reused: bool, cache: Optional[str] = None) -> Optional[ReferenceInfo]:
+    from ..cell.reference import Meta
+
+    try:
+        meta = Meta.load(where, device)
+    except Exception:
+        return None
+    return ReferenceInfo(seconds=meta.seconds, reused=reused, cache=cache, computed_at=meta.computed_at)
 
 
 def _compute_reference(backend: Any, workload: Any, slot: DeviceSlot, config: RunConfig,
-                       plan: ReferencePlan) -> str:
-    """Compute a reference into a directory of this process's; the directory."""
+                       plan: ReferencePlan, where: str) -> str:
+    """Compute a reference into the directory ``where``; the directory."""
     from ..cell.reference import paths
 
-    where = _process_dir("reference")
     alone = config.single_process() if config.distributed else config
     workdir = os.path.join(where, "child")
     outcome = spawn(backend, workload, slot.name, alone, workdir, os.path.join(workdir, "cache"), where,

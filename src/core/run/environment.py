@@ -14,7 +14,7 @@ from ... import __version__
 from ..config import available_cores
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -59,7 +59,7 @@ def capture(threads: int) -> dict[str, Any]:
         "torch": torch.__version__,
         "pluggy": pluggy.__version__,
         "platform": platform.platform(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_cores": os.cpu_count(),
         "cpu_cores_available": available_cores(),
         "threads": threads,

@@ -27,7 +27,7 @@ from ..config import RunConfig
 from ..records import Status
 from ..results import CellResult, RoundInfo, RunReport
 from ..stats import StepStats, half_width, measured_rounds
-from .cell import Pairing, _result, _row_fields, ensure_reference, run_cell, summarize, unavailable
+from .cell import Pairing, _result, _row_fields, ensure_reference, paid, run_cell, summarize, unavailable
 from .devices import DeviceSlot
 from .launch import SERVER, Child
 from .pairs import round_size
@@ -135,8 +135,11 @@ class _Run:
             reference_s = None
             if k == 1:
                 self.progress.message(f"parity reference on {slot.name} (float64 and fp32 eager) ...")
-                reference_s = ensure_reference([self.registry.get(n) for n in due], self.workload, slot, config,
-                                               self.run_dir)
+                info = ensure_reference([self.registry.get(n) for n in due], self.workload, slot, config,
+                                        self.run_dir)
+                if info is not None:
+                    self.report.references[slot.name] = info
+                reference_s = paid(info)
             if config.rounds > 1 or paired:
                 self.report.round_log.setdefault(slot.name, []).append(
                     RoundInfo(order=due, sentinel_s=sentinel_s(config.resolved_threads)))
