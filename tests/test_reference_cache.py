@@ -91,14 +91,28 @@ def test_the_least_recently_used_entries_go_first(cache, monkeypatch):
     for i in range(3):
         staged = reference_cache.staging()
         (staged / "reference-cpu.pt").write_bytes(b"x" * 10)
+        (staged / "reference-cpu.json").write_text("{}")
         made.append(reference_cache.publish(staged, f"entry{i}", {"i": i}))
         old = time.time() - 100 * (3 - i)
         os.utime(made[-1], (old, old))
-    assert reference_cache.lookup("entry0") is None and reference_cache.lookup("entry1") is not None
+    assert reference_cache.lookup("entry0", "cpu") is None and reference_cache.lookup("entry1", "cpu") is not None
     assert sorted(p.name for p in cache.iterdir()) == ["entry1", "entry2"]
     monkeypatch.setattr(reference_cache, "MAX_BYTES", reference_cache._size(made[1]))  # one entry's worth
-    assert reference_cache.lookup("entry1") is not None  # used now: the most recent
+    assert reference_cache.lookup("entry1", "cpu") is not None  # used now: the most recent
     assert [p.name for p in reference_cache.evict()] == ["entry2"]
+    (made[1] / "reference-cpu.pt").unlink()  # a file deleted by hand: the entry is made again
+    assert reference_cache.lookup("entry1", "cpu") is None and not made[1].exists()
+
+
+def test_a_cache_that_cant_be_written_costs_only_the_reuse(monkeypatch, tmp_path, tiny_config):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv(reference_cache.ENV_DIR, str(blocker / "cache"))  # under a file: no directory can be made
+    monkeypatch.setattr(cell, "_REFERENCES", {})
+    report = _run(tiny_config(backends=("eager",), devices=("cpu",)))
+    info = report.references["cpu"]
+    assert report.results[0].parity.passed and info.cache is None and not info.reused
+    assert "can't be used" in info.note and "computed for this run only" in render_markdown(report)
 
 
 def test_the_command_line_reuses_and_no_cache_recomputes(cache, tmp_path, capsys, monkeypatch):

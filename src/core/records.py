@@ -323,3 +323,5 @@ class ReferenceInfo:
     reused: bool
     cache: Optional[str] = None
     computed_at: Optional[str] = None
+    #: Why the cache wasn't used where it was on (it can't be written, the disk is full).
+    note: Optional[str] = None

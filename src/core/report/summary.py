@@ -257,7 +257,8 @@ def parity_cost_line(rows: list[CellResult], reference: Optional[ReferenceInfo] 
         source = (f"reused from the cache ({num(reference.seconds)} s when computed{when}; `--no-cache` computes it "
                   f"afresh)" if reference.cache else "reused from this process's earlier run")
         return f" The float64 reference was {source}; the checks cost {num(cost.checks_s)} s in all{share}."
-    cached = " and cached for the next run" if reference is not None and reference.cache else ""
+    cached = " and cached for the next run" if reference is not None and reference.cache else \
+        f"; {reference.note}" if reference is not None and reference.note else ""
     return (f" The check cost {num(cost.reference_s)} s for the float64 reference (computed once{cached}) and "
             f"{num(cost.checks_s)} s of checks in all{share}.")
 

@@ -274,18 +274,26 @@ def paid(info: Optional[ReferenceInfo]) -> Optional[float]:
 def _obtain_reference(backend: Any, workload: Any, slot: DeviceSlot, config: RunConfig,
                       plan: ReferencePlan) -> tuple[str, Optional[ReferenceInfo]]:
     """The reference's directory, from the cache or computed (into the cache where it is on), and
-    how it was had (None: it failed, its error is in the directory)."""
+    how it was had (None: it failed, its error is in the directory). A cache that can't be read
+    or written costs the run nothing but the reuse: the reference is computed for this run
+    alone, and the report says why."""
     from ..cell.reference import Meta
     from . import reference_cache
 
     if not config.reference_cache:
         where = _compute_reference(backend, workload, slot, config, plan, _process_dir("reference"))
         return where, _info(where, slot.name, reused=False)
-    name, described = reference_cache.key(workload, slot.name, config, plan)
-    entry = reference_cache.lookup(name)
-    if entry is not None:
-        return str(entry), _info(str(entry), slot.name, reused=True, cache=str(entry))
-    staged = reference_cache.staging()
+    try:
+        name, described = reference_cache.key(workload, slot.name, config, plan)
+        entry = reference_cache.lookup(name, slot.name)
+        if entry is not None:
+            return str(entry), _info(str(entry), slot.name, reused=True, cache=str(entry))
+        staged = reference_cache.staging()
+    except OSError as exc:
+        where = _compute_reference(backend, workload, slot, config, plan, _process_dir("reference"))
+        info = _info(where, slot.name, reused=False)
+        note = f"the cache at {reference_cache.root()} can't be used ({type(exc).__name__}: {exc}): computed for this run only"
+        return where, replace(info, note=note) if info else None
     _compute_reference(backend, workload, slot, config, plan, str(staged))
     try:
         Meta.load(str(staged), slot.name)
@@ -294,7 +302,15 @@ def _obtain_reference(backend: Any, workload: Any, slot: DeviceSlot, config: Run
 
         atexit.register(shutil.rmtree, str(staged), True)
         return str(staged), None
-    entry = reference_cache.publish(staged, name, described)
+    try:
+        entry = reference_cache.publish(staged, name, described)
+    except OSError as exc:  # a full disk: this run keeps its copy, the next computes again
+        import atexit
+
+        atexit.register(shutil.rmtree, str(staged), True)
+        info = _info(str(staged), slot.name, reused=False)
+        note = f"it couldn't be cached ({type(exc).__name__}: {exc})"
+        return str(staged), replace(info, note=note) if info else None
     return str(entry), _info(str(entry), slot.name, reused=False, cache=str(entry))
 
 

@@ -136,10 +136,16 @@ def _entries() -> Path:
     return root() / "reference"
 
 
-def lookup(name: str) -> Optional[Path]:
-    """The entry's directory where it is complete; its use is recorded (its mtime) for eviction."""
+def lookup(name: str, device: str) -> Optional[Path]:
+    """The entry's directory where it holds ``device``'s reference whole; its use is recorded (its
+    mtime) for eviction. An entry missing a file (deleted by hand) is removed, to be made again."""
+    from ..cell.reference import paths
+
     entry = _entries() / name
-    if not (entry / _KEY_FILE).is_file():
+    if not entry.is_dir():
+        return None
+    if not all(os.path.isfile(p) for p in (entry / _KEY_FILE, *paths(str(entry), device)[:2])):
+        shutil.rmtree(entry, ignore_errors=True)
         return None
     os.utime(entry)
     return entry
