@@ -230,3 +230,16 @@ def test_parity_says_per_step_how_many_tensors_it_judged():
     md = render_markdown(RunReport(environment={}, config=RunConfig(rounds=2), results=[eager, fast]))
     assert "1 of the 4 tensors after step 3" in md  # the fewest any row judged
     assert "| step 1: 2 of 2; step 3: 1 of 4 " in md
+
+
+def test_eager_as_the_best_of_a_paired_run_needs_the_paired_rounds_not_three():
+    """With warm pairs a pick needs two rounds, eager's too when it is the best: the others were
+    paired with it (the summary used to ask for a third round, saying the intervals came from one
+    process's steps)."""
+    eager = _eager(0.5)
+    slower = _paired("slower", [([0.50, 0.51, 0.50, 0.52], [0.70, 0.71, 0.72, 0.70]),
+                                ([0.51, 0.50, 0.52, 0.50], [0.71, 0.70, 0.70, 0.72])], compile_s=0.0)
+    report = RunReport(environment={}, config=RunConfig(rounds=2), results=[eager, slower])
+    v = report.verdicts["cpu"]
+    assert v.best is eager and v.min_rounds == 2 and not v.too_few_rounds and v.pick == "eager", v
+    assert "fewer than" not in render_markdown(report)

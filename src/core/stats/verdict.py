@@ -54,11 +54,14 @@ class Verdict:
     control: Optional["CellResult"] = None
     below_control: bool = False
     rounds: int = T_INTERVAL_MIN_ROUNDS
+    #: The device's rows were measured in warm pairs (eager's own row holds none of its own).
+    paired: bool = False
 
     @property
     def min_rounds(self) -> int:
-        """The rounds a pick needs: fewer with warm pairs, whose rounds are paired processes."""
-        return MIN_PAIRED_ROUNDS if self.best is not None and paired_of(self.best) is not None else T_INTERVAL_MIN_ROUNDS
+        """The rounds a pick needs: fewer with warm pairs, whose rounds are paired processes (eager
+        among them when it is the best: the others were paired with it)."""
+        return MIN_PAIRED_ROUNDS if self.paired else T_INTERVAL_MIN_ROUNDS
 
     @property
     def too_few_rounds(self) -> bool:
@@ -121,4 +124,5 @@ def verdict(device: str, rows: Sequence["CellResult"], rounds: int = T_INTERVAL_
             if r is not best and not _clears(best, r, rows)]
     below = best is not eager and control is not None and not _clears(best, control, rows)
     return Verdict(device, best, eager, tied, precision=baseline, other_precision=other, control=control,
-                   below_control=below, rounds=rounds)
+                   below_control=below, rounds=rounds,
+                   paired=any(paired_of(r) is not None for r in rows if r.status == Status.OK and r.step_s))
