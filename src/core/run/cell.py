@@ -23,6 +23,7 @@ import signal
 import tempfile
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ...backends import base
@@ -218,11 +219,15 @@ def _reference_key(workload: Any, slot: DeviceSlot, config: RunConfig, plan: Ref
     return json.dumps([slot.name, workload.name, job, plan.__dict__], sort_keys=True, default=str)
 
 
-def _process_dir(kind: str) -> str:
+def _remove_at_exit(path: str) -> None:
     import atexit
 
-    path = tempfile.mkdtemp(prefix=f"cnncompare-{kind}-")
     atexit.register(shutil.rmtree, path, True)
+
+
+def _process_dir(kind: str) -> str:
+    path = tempfile.mkdtemp(prefix=f"cnncompare-{kind}-")
+    _remove_at_exit(path)
     return path
 
 
@@ -244,7 +249,7 @@ def ensure_reference(backends: list[Any], workload: Any, slot: DeviceSlot, confi
     process's earlier one, or computed in a child of its own (then cached). Returns how it was
     had, None when it failed (the failure is left in ``run_dir`` for the cells to report as the
     workload's: ``reference.Meta.load``) or no backend here can run."""
-    from ..cell.reference import Meta, paths
+    from ..cell.reference import paths
 
     runnable = [b for b in backends if not (slot.unavailable or unavailable(b, slot.name, config))]
     if not runnable:
@@ -259,10 +264,6 @@ def ensure_reference(backends: list[Any], workload: Any, slot: DeviceSlot, confi
     for cached, linked in zip(paths(where, slot.name), paths(run_dir, slot.name)):
         if os.path.exists(cached) and not os.path.exists(linked):
             os.symlink(cached, linked)
-    try:
-        Meta.load(run_dir, slot.name)
-    except Exception:
-        return None
     return info
 
 
@@ -277,7 +278,6 @@ def _obtain_reference(backend: Any, workload: Any, slot: DeviceSlot, config: Run
     how it was had (None: it failed, its error is in the directory). A cache that can't be read
     or written costs the run nothing but the reuse: the reference is computed for this run
     alone, and the report says why."""
-    from ..cell.reference import Meta
     from . import reference_cache
 
     if not config.reference_cache:
@@ -288,40 +288,34 @@ def _obtain_reference(backend: Any, workload: Any, slot: DeviceSlot, config: Run
         entry = reference_cache.lookup(name, slot.name)
         if entry is not None:
             return str(entry), _info(str(entry), slot.name, reused=True, cache=str(entry))
-        staged = reference_cache.staging()
+        staged = str(reference_cache.staging())
     except OSError as exc:
         where = _compute_reference(backend, workload, slot, config, plan, _process_dir("reference"))
-        info = _info(where, slot.name, reused=False)
-        note = f"the cache at {reference_cache.root()} can't be used ({type(exc).__name__}: {exc}): computed for this run only"
-        return where, replace(info, note=note) if info else None
-    _compute_reference(backend, workload, slot, config, plan, str(staged))
+        return where, _info(where, slot.name, reused=False, note=f"the cache at {reference_cache.root()} can't be "
+                            f"used ({type(exc).__name__}: {exc}): computed for this run only")
+    _compute_reference(backend, workload, slot, config, plan, staged)
+    info = _info(staged, slot.name, reused=False)
+    if info is None:  # failed: nothing to keep; its error stays for this run's cells
+        _remove_at_exit(staged)
+        return staged, None
     try:
-        Meta.load(str(staged), slot.name)
-    except Exception:  # failed: nothing to keep; its error stays for this run's cells
-        import atexit
-
-        atexit.register(shutil.rmtree, str(staged), True)
-        return str(staged), None
-    try:
-        entry = reference_cache.publish(staged, name, described)
+        entry = reference_cache.publish(Path(staged), name, described)
     except OSError as exc:  # a full disk: this run keeps its copy, the next computes again
-        import atexit
-
-        atexit.register(shutil.rmtree, str(staged), True)
-        info = _info(str(staged), slot.name, reused=False)
-        note = f"it couldn't be cached ({type(exc).__name__}: {exc})"
-        return str(staged), replace(info, note=note) if info else None
-    return str(entry), _info(str(entry), slot.name, reused=False, cache=str(entry))
+        _remove_at_exit(staged)
+        return staged, replace(info, note=f"it couldn't be cached ({type(exc).__name__}: {exc})")
+    return str(entry), replace(info, cache=str(entry))
 
 
-def _info(where: str, device: str, reused: bool, cache: Optional[str] = None) -> Optional[ReferenceInfo]:
+def _info(where: str, device: str, reused: bool, cache: Optional[str] = None,
+          note: Optional[str] = None) -> Optional[ReferenceInfo]:
+    """How the reference in ``where`` was had; None where it failed (its error is there)."""
     from ..cell.reference import Meta
 
     try:
         meta = Meta.load(where, device)
     except Exception:
         return None
-    return ReferenceInfo(seconds=meta.seconds, reused=reused, cache=cache, computed_at=meta.computed_at)
+    return ReferenceInfo(seconds=meta.seconds, reused=reused, cache=cache, computed_at=meta.computed_at, note=note)
 
 
 def _compute_reference(backend: Any, workload: Any, slot: DeviceSlot, config: RunConfig,
