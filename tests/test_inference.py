@@ -12,7 +12,7 @@ from _tiny import TINY
 from cnncompare.backends import base
 from cnncompare.core.config import ConfigError, RunConfig
 from cnncompare.core.records import Status
-from cnncompare.core.results import RunReport
+from cnncompare.core.results import SCHEMA_VERSION, RunReport
 from cnncompare.core.run.devices import DeviceSlot
 from cnncompare.core.run.orchestrate import plan_cells, run_cell, run_cells
 from cnncompare.core.stats import StepStats
@@ -54,7 +54,7 @@ def test_every_inference_builtin_is_ok_with_parity_passed_and_train_only_ones_sk
     forward, whole = (step_gflop(Job(SeedCNNWorkload(), c), torch.device("cpu"))[0] for c in (config, train))
     assert rows["eager"].gflop_per_step == pytest.approx(forward) and 0.25 < forward / whole < 0.5
     data = json.loads(report.to_json())
-    assert data["config"]["mode"] == "inference" and data["schema_version"] == 10
+    assert data["config"]["mode"] == "inference" and data["schema_version"] == SCHEMA_VERSION
     assert {"latency_p50_s", "latency_p90_s", "latency_p99_s"} <= set(data["results"][0])
 
 

@@ -15,7 +15,7 @@ every built-in. Compared, each tensor on its own, against float64 eager after th
   update, other Adam betas, another learning rate: its last update shows them at full size),
 - every weight's update in step N alone (the row's weights after N less its own after N - 1)
   against the reference's: where training's earlier drift is larger than one update (bf16),
-  the weight check can't see the update itself, this one can (``with_updates``),
+  the weight check can't see the update itself, this one can (``judged_keys``),
 - the loss of every step 1..N;
 
 and then the *trajectory*: the loss of every step the cell ran in its first round (warm-up and
@@ -113,22 +113,18 @@ def snapshot(model: nn.Module, trained: Any, losses: list[torch.Tensor]) -> dict
     module, in the same order.
     """
     owner = trained if isinstance(trained, nn.Module) else model
-    params = trained_parameters(trained, model)
+    named = _named_parameters(model, trained)
     buffers = list(owner.buffers())
-    names = [name for name, p in model.named_parameters() if p.requires_grad]
     buffer_names = [name for name, _ in model.named_buffers()]
-    if len(names) != len(params):
-        names = [f"param{i}" for i in range(len(params))]
     if len(buffer_names) != len(buffers):
         buffer_names = [f"buffer{i}" for i in range(len(buffers))]
     step = len(losses)
     first = step == 1
     state = {} if first else {f"loss:{k}": loss.detach().reshape(()) for k, loss in enumerate(losses, 1)}
-    for name, p in zip(names, params):
+    for name, p in named:
         state[f"step{step}/grad:{name}"] = p.grad.detach() if p.grad is not None else torch.zeros_like(p)
     if not first:  # after one Adam step a weight is w0 - lr * sign(g): nothing the gradients don't show
-        for name, p in zip(names, params):
-            state[f"step{step}/weight:{name}"] = p.detach()
+        state.update(weights_snapshot(model, trained, step))
     for name, b in zip(buffer_names, buffers):
         state[f"step{step}/buffer:{name}"] = b.detach()
     return state
@@ -138,11 +134,17 @@ def weights_snapshot(model: nn.Module, trained: Any, step: int) -> dict[str, tor
     """The weights after ``step`` steps, by name (no copies): ``step<k>/weight:<name>``, as
     ``snapshot`` keys them. Taken after the step before the parity step, so that the row's own
     last update can be judged (``judged_keys``)."""
-    names = [name for name, p in model.named_parameters() if p.requires_grad]
+    return {f"step{step}/weight:{name}": p.detach() for name, p in _named_parameters(model, trained)}
+
+
+def _named_parameters(model: nn.Module, trained: Any) -> list[tuple[str, torch.Tensor]]:
+    """The parameters ``trained`` trains, named as ``model`` names them (``param<i>`` where a
+    compiled or traced module holds them otherwise)."""
     params = trained_parameters(trained, model)
+    names = [name for name, p in model.named_parameters() if p.requires_grad]
     if len(names) != len(params):
         names = [f"param{i}" for i in range(len(params))]
-    return {f"step{step}/weight:{name}": p.detach() for name, p in zip(names, params)}
+    return list(zip(names, params))
 
 
 def output_snapshot(model: nn.Module, trained: Any, output: Any, step: int) -> dict[str, torch.Tensor]:
