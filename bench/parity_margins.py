@@ -1,10 +1,10 @@
 """Parity's margins: every correct backend passes with room, every wrong one fails.
 
-    python bench/parity_margins.py [--out reports/parity-margins.md] [--only PATTERN,...] [--configs seed,small]
+    python bench/parity_margins.py [--out reports/parity-margins.md] [--only PATTERN,...] [--configs default,small]
 
 Runs, in one round, the correct built-ins, the amp plugin's bf16 rows and every wrong backend of
 the test suite (tests/wrong_backends.py: training and inference; the wrong bf16 backends of
-plugins/cnncompare-amp/tests/test_amp.py), at the seed config (batch 128, 28x28, 3 warm-up + 5
+plugins/cnncompare-amp/tests/test_amp.py), at the default config (batch 128, 28x28, 3 warm-up + 5
 measured steps, training and inference) and at a small one (batch 16, 14x14, 3 warm-up + 8
 measured steps, training), and writes each row's status, margin (worst check's error ÷ its
 limit), the check nearest its limit, and the precision it measured as computing in.
@@ -44,7 +44,7 @@ INFERENCE = ("eager", "channels-last", "jit-trace", "jit-script", "jit-freeze", 
 
 #: The configs measured: name -> (what the table's heading says, RunConfig fields, modes).
 CONFIGS = {
-    "seed": ("the seed config: batch 128, 28x28, 3 warm-up + 5 measured steps", dict(steps=5),
+    "default": ("the default config: batch 128, 28x28, 3 warm-up + 5 measured steps", dict(steps=5),
              ("train", "inference")),
     "small": ("batch 16, 14x14, 3 warm-up + 8 measured steps",
               dict(batch_size=16, workload=WorkloadSpec("seed-cnn", {"image_size": 14}, "image"), steps=8, warmup=3),
@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "parity-margins.md")
     parser.add_argument("--only", default=None, metavar="PATTERN[,PATTERN...]",
                         help="run only the backends matching these globs (eager always runs), e.g. '*bf16*'")
-    parser.add_argument("--configs", default="seed,small", help="which of: " + ", ".join(CONFIGS))
+    parser.add_argument("--configs", default="default,small", help="which of: " + ", ".join(CONFIGS))
     args = parser.parse_args(argv)
     start = time.perf_counter()
     # bf16 emulated where the CPU has no native bf16: slow, but judged the same (the amp plugin's README).

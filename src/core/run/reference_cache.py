@@ -24,7 +24,7 @@ the report says on every run whether the reference was reused.
 Where: ``$CNNCOMPARE_CACHE_DIR``, else ``$XDG_CACHE_HOME/cnncompare``, else
 ``~/.cache/cnncompare``; each entry a directory ``reference/<key>`` holding the reference's files
 and ``key.json`` (what it was keyed by, readable). At most ``MAX_ENTRIES`` entries and
-``MAX_BYTES`` in all (the seed config's reference is about 1.6 GB): the least recently used go
+``MAX_BYTES`` in all (the default config's reference is about 1.6 GB): the least recently used go
 first. An entry appears whole or not at all (computed into a staging directory, then renamed),
 so runs side by side may share the cache.
 """
