@@ -2,8 +2,8 @@
 later run that needs the same one.
 
 The reference (``cell/reference.py``) is a run's largest fixed cost: float64 and fp32 eager
-trained three times, a declared reduced precision three more (30 s of 2 CPU cores at the seed
-config). Its inputs rarely change from one run to the next, so a run looks here first.
+trained three times, a declared reduced precision three more (30 s of 2 CPU cores at the default
+config; 159 s with bf16 included). Its inputs rarely change from one run to the next, so a run looks here first.
 
 An entry is keyed (``key``) by everything the reference depends on:
 
