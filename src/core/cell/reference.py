@@ -133,7 +133,7 @@ def computing_in(precision: str, device: torch.device) -> Iterator[None]:
 class _Noise:
     """Seeded uniform(-1, 1) noise of any shape, cheap: one buffer drawn once per device and dtype
     (at least twice the largest request), each request a window of it at a seeded random offset.
-    Drawing every element afresh cost a perturbed run half again a plain one's time at the seed
+    Drawing every element afresh cost a perturbed run half again a plain one's time at the default
     config (5 s of 15); a window at a new offset is as random per element, step to step."""
 
     def __init__(self, seed: int):
