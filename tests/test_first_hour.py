@@ -158,7 +158,7 @@ def _committed(name: str):
 def test_the_summary_tells_the_pick_as_code_and_the_report_opens_with_the_verdict_then_the_setup():
     from cnncompare.core.report.markdown import render_markdown
 
-    report = _committed("cpu-seed-repeat")  # the default run of the two that picked
+    report = _committed("cpu-my-model")  # the quickstart's run, which picked
     pick = report.verdicts["cpu"].pick
     assert pick
     for r in report.results:

@@ -92,18 +92,18 @@ def test_break_even_comes_from_the_paired_speedup_with_its_interval():
 
 def test_the_noise_floor_is_a_paired_interval_of_the_best_over_the_control():
     """Two overlapping intervals, each of a row against eager, can hide a difference the rounds
-    both ran show at 95 %: the control's rounds and the best's move together (the same minutes)."""
+    both ran show at the verdict's level: the control's rounds and the best's move together (the same minutes)."""
     rng = random.Random(3)
     rounds_best, rounds_control = [], []
-    for _ in range(4):
-        minute = rng.gauss(0, 0.05)  # what each round's minutes did to both rows alike
+    for _ in range(6):
+        minute = rng.gauss(0, 0.08)  # what each round's minutes did to both rows alike
         eager = [1.0] * 6
-        rounds_best.append((eager, [math.exp(-minute) / 1.06 * (1 + 0.002 * i) for i in range(6)]))
+        rounds_best.append((eager, [math.exp(-minute) / 1.1 * (1 + 0.002 * i) for i in range(6)]))
         rounds_control.append((eager, [math.exp(-minute) * (1 + 0.002 * i) for i in range(6)]))
     eager = _eager(1.0)
-    eager.round_samples, eager.rounds = [[1.0] * 4] * 4, [1.0] * 4
+    eager.round_samples, eager.rounds = [[1.0] * 4] * 6, [1.0] * 6
     best, control = _paired("best", rounds_best), _paired("eager-control", rounds_control)
-    report = RunReport(environment={}, config=RunConfig(rounds=4), results=[eager, best, control])
+    report = RunReport(environment={}, config=RunConfig(rounds=6), results=[eager, best, control])
     assert best.speedup_ci[0] <= control.speedup_ci[1]  # the intervals overlap: the old test said no pick
     low, _high = stats.paired_ratio(stats.paired_of(best), stats.paired_of(control),
                                     stats.round_prior(report.rows("cpu"), best, control))[1:]
@@ -190,19 +190,13 @@ def test_each_cell_is_paired_with_a_fresh_eager_process_warmed_up_as_long():
 
 
 def test_the_round_order_is_drawn_per_run_from_a_recorded_seed():
-    from cnncompare.core.run.orchestrate import _Run
-    from cnncompare.core.run.progress import Progress
-    from cnncompare.plugins import load_registry
+    from cnncompare.core.run.policy import round_order
 
     names = ["eager", "a", "b", "c", "d", "e"]
     config = RunConfig(rounds=2)
-    registry = load_registry(entry_points=False)
 
     def orders(seed):
-        report = RunReport(environment={}, config=config)
-        report.order_seed = seed
-        run = _Run(config, registry, report, lambda rep: None, Progress(), 0)
-        return [run._round_order(names, "cpu", k) for k in range(1, 9)]
+        return [round_order(names, seed, "cpu", k, config.rounds) for k in range(1, 9)]
 
     assert orders(1) == orders(1)  # a resumed run repeats its rounds
     assert orders(1) != orders(2)
@@ -237,8 +231,9 @@ def test_eager_as_the_best_of_a_paired_run_needs_the_paired_rounds_not_three():
     paired with it (the summary used to ask for a third round, saying the intervals came from one
     process's steps)."""
     eager = _eager(0.5)
-    slower = _paired("slower", [([0.50, 0.51, 0.50, 0.52], [0.70, 0.71, 0.72, 0.70]),
-                                ([0.51, 0.50, 0.52, 0.50], [0.71, 0.70, 0.70, 0.72])], compile_s=0.0)
+    # 4x slower: one row of two rounds has one degree of freedom, whose t at the verdict's level is 100
+    slower = _paired("slower", [([0.50, 0.51, 0.50, 0.52], [2.00, 2.02, 2.04, 2.00]),
+                                ([0.51, 0.50, 0.52, 0.50], [2.02, 2.00, 2.00, 2.04])], compile_s=0.0)
     report = RunReport(environment={}, config=RunConfig(rounds=2), results=[eager, slower])
     v = report.verdicts["cpu"]
     assert v.best is eager and v.min_rounds == 2 and not v.too_few_rounds and v.pick == "eager", v

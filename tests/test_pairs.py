@@ -101,7 +101,7 @@ def test_one_round_of_pairs_picks_nothing_and_two_may():
     rng = random.Random(2)
     eager = _paired("eager", [([1.0] * 5, [1.0] * 5)] * 2)
     eager.round_eager_samples = None
-    fast = _paired("fast", _rounds(rng, 2.0, n_rounds=2, within=0.02))
+    fast = _paired("fast", _rounds(rng, 2.0, n_rounds=2, within=0.01))
     stats.derive([eager, fast], units_per_step=1, target_pct=3.0)
     assert stats.verdict("cpu", [eager, fast], rounds=2).pick == "fast"
     assert stats.verdict("cpu", [eager, fast], rounds=1).pick is None

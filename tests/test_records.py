@@ -116,7 +116,9 @@ def test_verdict_picks_the_fastest_ok_row_and_says_how_far_to_trust_it():
     v = _verdict(eager, fast, wrong)
     assert v.best is fast and v.pick == "fast" and v.eager is eager
     assert v.to_dict() == {"pick": "fast", "best": "fast", "speedup": 2.0, "speedup_ci": [2.0, 2.0], "tied_with": [],
-                           "precision": None, "noise_floor": None, "fastest_other_precision": None}
+                           "confidence": stats.VERDICT_CONFIDENCE, "tested_ci": [2.0, 2.0], "undecided_between": [],
+                           "rounds_to_separate": None, "precision": None, "noise_floor": None,
+                           "fastest_other_precision": None}
     close = _row("close", [0.9, 0.95, 1.05])
     v = _verdict(eager, close)
     assert v.pick is None and v.tied_with == ["eager"]  # its interval reaches 1.0
@@ -170,14 +172,17 @@ def test_a_tie_is_decided_round_by_round_not_by_overlapping_intervals_against_ea
 def test_no_pick_below_the_noise_floor_or_from_too_few_rounds():
     from cnncompare.core.report.summary import summary_line
 
-    eager = _row("eager", [1.0] * 3, rounds=[[1.0], [1.1], [0.9]])
-    control = _row("eager-control", [1.0] * 3, rounds=[[0.9], [1.05], [0.95]])  # eager against itself
-    fast = _row("fast", [0.9] * 3, rounds=[[0.95], [1.0], [0.83]])  # 1.05-1.1x: inside the noise floor
+    drift = [1.0, 1.1, 0.9, 1.0, 1.1, 0.9]
+    eager = _row("eager", [1.0] * 6, rounds=[[d] for d in drift])
+    fast = _row("fast", [0.8] * 6, rounds=[[d * 0.8 * n] for d, n in zip(drift, (1.01, 0.99, 1.0, 1.02, 0.98, 1.0))])
+    # eager against itself, as fast or slower as fast from round to round: fast clears eager, not it
+    control = _row("eager-control", [0.8] * 6, rounds=[[d * 0.8 * n] for d, n in zip(drift, (1.3, 0.8, 1.25, 0.78, 1.2, 0.85))])
     v = _verdict(eager, control, fast)
+    assert v.tested_ci[0] > 1
     assert v.best is fast and v.control is control and v.below_control and v.pick is None
     assert "no backend clears this run's noise floor" in summary_line(v) and "Noise floor" in summary_line(v)
     assert v.to_dict()["noise_floor"]["speedup"] == control.speedup_vs_eager
-    clear = _row("clear", [0.5] * 3, rounds=[[0.5], [0.55], [0.45]])
+    clear = _row("clear", [0.4] * 6, rounds=[[d * 0.4] for d in drift])
     assert _verdict(eager, control, clear).pick == "clear"
     stats.derive([eager, clear], units_per_step=1)
     one = stats.verdict("cpu", [eager, clear], rounds=1)

@@ -66,8 +66,8 @@ def render_plan(configs: list[RunConfig], registry, slots, output_dir: Path, add
         options = ", ".join(f"{k}={v}" for k, v in w.options.items())
         lines.append(f"Plan: {w.name} ({options or 'no options'}), {config.mode}, batch {config.batch_size}, "
                      f"{warmup_text(config)} + {config.steps} measured steps, {config.rounds} round(s) per device"
-                     + (f", then more for the rows wider than ±{config.target:g} % while the run is within "
-                        f"{config.budget_s:g} s." if config.rounds > 1 and not config.distributed else "."))
+                     + (f", then more {_more_rounds(config)} while the run is within {config.budget_s:g} s."
+                        if config.rounds > 1 and not config.distributed else "."))
         lines += [f"- added {name}: {ADDED_BECAUSE[name]}" for name in added]
         cells = 0
         for slot in slots:
@@ -99,3 +99,10 @@ def _estimate(config: RunConfig, cells: int, folders: list[Path]) -> str:
         estimate = max(estimate, min(config.budget_s, seconds))
     return (f"Estimated time: about {estimate / 60:.0f} min ({path}: {done} cell-rounds took "
             f"{seconds / 60:.1f} min on {report.environment.get('cpu', 'its machine')}).")
+
+
+def _more_rounds(config: RunConfig) -> str:
+    """Which rows the rounds after ``--rounds`` go to (``core/run/policy.py``)."""
+    if config.target is None:
+        return "for the rows still contending for the pick, stopping once it is decided,"
+    return f"for the rows wider than ±{config.target:g} %"

@@ -103,8 +103,9 @@ class WorkloadSpec:
 @dataclass(frozen=True)
 class RunConfig:
     """What one run measures. Defaults are the default workload's (training, batch 128, 28x28), measured
-    in warm interleaved pairs with eager: at least 2 rounds of 4 step pairs per backend, more
-    where the interval is wider than ``target`` % while ``budget_s`` allows (docs/verdicts.md).
+    in warm interleaved pairs with eager: at least 2 rounds of 4 step pairs per backend, then
+    more for the rows still contending for the pick until it is decided (or, with ``target``,
+    for every row wider than ``target`` %) while ``budget_s`` allows (docs/verdicts.md).
 
     ``backends`` and ``devices`` are resolved names (the CLI expands ``all``
     and patterns); ``threads`` None means every core this process may use,
@@ -132,12 +133,16 @@ class RunConfig:
         "paired with a fresh eager process warmed up as long, the parent alternating their steps; round 1's cells "
         "are the cold ones (compile, memory, parity), later rounds reuse each cell's compile cache", minimum=1,
         metavar="N")
-    target: float = option(
-        3.0, "--target", "after --rounds (from 2), keep adding rounds for the backends whose speedup's 95 %% "
-        "interval is wider than this half-width, in %% of the speedup, while --budget allows", metavar="PCT")
+    #: None: rounds go to the rows still contending for the pick until it is decided
+    #: (``run/policy.py``); a number: to every row whose interval is wider than it.
+    target: Optional[float] = option(
+        None, "--target", "every row precise instead of a decided pick: after --rounds (from 2), keep adding rounds "
+        "for the backends whose speedup's 95 %% interval is wider than this half-width, in %% of the speedup, "
+        "while --budget allows", metavar="PCT",
+        shown_default="off: rounds go to the rows still contending for the pick, and the run stops once it is decided")
     budget_s: float = option(
         540.0, "--budget", "seconds the run may take before it stops adding rounds (the first --rounds always "
-        "run)", metavar="SECONDS")
+        "run); a run whose pick is decided stops before", metavar="SECONDS")
     round_s: float = option(
         2.0, "--round-time", "seconds of eager's steps a round's step pairs cover at least: with fast steps a round "
         "takes more pairs than --steps (up to 1000), alternated a chunk of about 50 ms at a time; 0: --steps pairs",
@@ -188,6 +193,8 @@ class RunConfig:
         if not (isinstance(self.timeout_s, (int, float)) and math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ConfigError("--timeout", f"must be a positive number of seconds, got {self.timeout_s!r}")
         for flag, value in (("--target", self.target), ("--budget", self.budget_s)):
+            if flag == "--target" and value is None:
+                continue
             if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ConfigError(flag, f"must be a positive number, got {value!r}")
         if isinstance(self.round_s, bool) or not (isinstance(self.round_s, (int, float)) and 0 <= self.round_s < math.inf):

@@ -44,7 +44,10 @@ from .stats import StepStats
 #: 11: the report's ``references`` (per device: computed or reused from the cache, and what
 #: computing it took); parity judges each weight's last ``update`` and each check (norm, scale)
 #: where fp32 resolves it.
-SCHEMA_VERSION = 11
+#: 12: the stopping rule: the config's ``target`` is null unless ``--target`` asked for every row
+#: precise; each round's ``ended_s``; the device verdict's ``confidence`` (every test of it),
+#: ``tested_ci``, ``undecided_between`` and ``rounds_to_separate``.
+SCHEMA_VERSION = 12
 
 #: Environment keys that must match for two runs to be comparable cell by cell.
 #: (The thread count is the config's, compared there.)
@@ -124,11 +127,12 @@ class CellResult(Measured):
 
 @dataclass
 class RoundInfo:
-    """One round on one device: the order its backends ran in (shuffled, seeded) and the drift
-    sentinel's seconds at its start (``run/sentinel.py``)."""
+    """One round on one device: the order its backends ran in (shuffled, seeded), the drift
+    sentinel's seconds at its start (``run/sentinel.py``) and the run's seconds when it ended."""
 
     order: list[str]
     sentinel_s: Optional[float] = None
+    ended_s: Optional[float] = None
 
 
 @dataclass

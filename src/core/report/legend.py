@@ -59,8 +59,8 @@ COLUMNS: tuple[Column, ...] = (
            "fresh process pairs (the backends in a shuffled order each round, from the order seed the rounds line "
            "names). The geometric mean of the pairs' ratios, with its "
            "95 % interval in brackets (Student's t over the rounds, their spread pooled with the device's other "
-           "rows'). `*`: the interval is wider than `--target`; the rounds line under the table says what would "
-           "narrow it."),
+           "rows'). `*` (with `--target`): the interval is wider than the target; the rounds line under the table says "
+           "what would narrow it."),
     Column("step (s)", "seconds per step, {step}, from the speedup: the eager steps every row was paired with "
            "(their geometric mean) ÷ this row's speedup, with the interval that follows from the speedup's. So the "
            "step times, throughput, GFLOP/s, the summary and the charts all tell the speedup's story; a row "

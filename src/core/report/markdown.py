@@ -25,6 +25,7 @@ from .summary import (
     run_line,
     scaling_line,
     setup_rows,
+    stop_line,
     summary_line,
     use_it_line,
 )
@@ -73,8 +74,9 @@ def render_markdown(report: RunReport, charts: Optional[list[tuple[str, str]]] =
     out += ["## Summary", ""]
     devices = report.devices()
     for device in devices:
-        out.append(summary_line(report.verdicts[device], config.mode))
-        out += [line for line in [use_it_line(report.verdicts[device])] if line]
+        v = report.verdicts[device]
+        out.append(summary_line(v, config.mode))
+        out += [line for line in [use_it_line(v), stop_line(v, report.round_log.get(device, []), config)] if line]
     if not devices:
         out.append("No cell finished.")
     if any(_starred(report.rows(device)) for device in devices):

@@ -15,7 +15,10 @@ from ..results import CellResult, RoundInfo, RunReport
 from ..stats import (
     CONFIDENCE,
     CONTROL,
+    LOOKS,
+    MAX_LOOKS,
     T_INTERVAL_MIN_ROUNDS,
+    VERDICT_CONFIDENCE,
     Verdict,
     measured_precision,
     measured_rounds,
@@ -60,9 +63,10 @@ def warmup_text(config: RunConfig) -> str:
 def _protocol(report: RunReport) -> str:
     config = report.config
     if paired(report):
+        more = ("more for the rows contending for the pick until it is decided" if config.target is None
+                else f"more while an interval is wider than ±{config.target:g} %")
         return (f"{warmup_text(config)} steps, then {config.steps} step pairs with a fresh eager process per cell "
-                f"and round; at least {config.rounds} rounds, more while an interval is wider than ±{config.target:g} % "
-                f"and the {config.budget_s:g} s budget allows")
+                f"and round; at least {config.rounds} rounds, {more}, while the {config.budget_s:g} s budget allows")
     return (f"{warmup_text(config)} + {config.steps} measured steps per cell"
             + (f" and round, {config.rounds} rounds" if config.rounds > 1 else ""))
 
@@ -107,6 +111,43 @@ def summary_line(v: Verdict, mode: str = "train") -> str:
     return line
 
 
+#: Past this many rounds a suggested budget stops being advice (hours on this machine).
+ROUNDS_WORTH_SUGGESTING = 100
+
+
+def verdict_level(v: Verdict) -> str:
+    """The verdict's level in words: what its tests are at, and why not 95 %."""
+    return f"{v.confidence * 100:.1f} % (95 % over the up to {MAX_LOOKS} looks a run takes)"
+
+
+def stop_line(v: Verdict, log: Sequence[RoundInfo], config: RunConfig) -> Optional[str]:
+    """How the rounds ended, indented under the summary line: decided after N rounds, or
+    undecided between the rows no round separated, with what separating them would take. None
+    for a run without rounds of warm pairs (nothing was decided round by round)."""
+    if not v.paired or len(log) < 2 or v.best is None or v.eager is None:
+        return None
+    ended = log[-1].ended_s
+    after = f"{len(log)} rounds" + (f", {ended / 60:.1f} min" if ended is not None else "")
+    if v.pick is not None:
+        return f"  Decided after {after}."
+    between = v.undecided_between
+    names = " and ".join(f"**{md_cell(n)}**" for n in between) if len(between) < 3 else (
+        ", ".join(f"**{md_cell(n)}**" for n in between[:-1]) + f" and **{md_cell(between[-1])}**")
+    text = f"  Undecided between {names} after {after}"
+    needed = v.rounds_to_separate
+    if needed is None:
+        return text + ": they measured alike, and no number of rounds is sure to separate them."
+    if needed > ROUNDS_WORTH_SUGGESTING:
+        return (text + f": what they measured apart would take over {ROUNDS_WORTH_SUGGESTING} rounds to separate; "
+                f"for a difference that small, {'either' if len(between) == 2 else 'any of them'} will do.")
+    if ended is None:
+        return text + f": separating them would take about {needed} rounds in all if their difference held."
+    # Another round runs the rows the last one did: its time is what each more round costs.
+    extra = max(0, needed - len(log)) * (ended - (log[-2].ended_s or 0.0))
+    return (text + f": separating them would take about {needed} rounds in all if their difference held, "
+            f"some {max(1, round(extra / 60))} more min (`--budget {config.budget_s + extra:.0f}`).")
+
+
 def use_it_line(v: Verdict) -> Optional[str]:
     """The pick's "use it" line (the code to write), indented under its summary line; None
     without a pick or where the row recorded none (reports from before rows did)."""
@@ -132,18 +173,20 @@ def _ranked_line(v: Verdict, mode: str) -> str:
     if best is v.eager:
         return (f"- **{device}**: pick **eager**, {num(best.step_time_s, 4)} s/step: no backend beat it here"
                 + (f" ({names} within its noise)." if names else "."))
+    level = verdict_level(v)
     if "eager" in v.tied_with:
+        tested = f" ({num(v.tested_ci[0], 2)}, {num(v.tested_ci[1], 2)})" if v.tested_ci else ""
         return (f"- **{device}**: no backend is clearly faster than eager: the fastest, **{md_cell(best.backend)}** "
-                f"at {speedup(best)} eager, has a {CONFIDENCE:.0%} interval that reaches 1.0"
+                f"at {speedup(best)} eager, has an interval at {level} that reaches 1.0{tested}"
                 + (f" ({names} within it too)" if names else "") + f". {MORE}")
     if v.below_control:
         return (f"- **{device}**: no backend clears this run's noise floor: the fastest, **{md_cell(best.backend)}** "
                 f"at {speedup(best)} eager, is not faster than eager measured against itself "
-                f"(its {CONFIDENCE:.0%} interval over `{CONTROL}`, round by round, reaches 1)"
+                f"(its interval over `{CONTROL}` at {level}, round by round, reaches 1)"
                 + (f" ({names} tied with it)" if names else "") + f". {MORE}")
     if v.tied_with:
         return (f"- **{device}**: a tie: **{md_cell(best.backend)}** at {speedup(best)} eager, and {names}, which it "
-                f"doesn't beat at {CONFIDENCE:.0%} round by round. {MORE}")
+                f"doesn't beat at {level} round by round. {MORE}")
     text = (f"- **{device}**: pick **{md_cell(best.backend)}**, {step_time(best)} s/step against eager's "
             f"{num(v.eager.step_time_s)}, {speedup(best)} eager")
     if best.break_even_steps == 0:
@@ -172,20 +215,13 @@ def rounds_line(device: str, log: list[RoundInfo], rows: Sequence[CellResult] = 
     pairs = [r for r in rows if r.round_eager_samples]
     per_row = ", ".join(f"{md_cell(r.backend)} {measured_rounds(r)}" for r in rows if r.status == Status.OK)
     if pairs and config is not None:
-        missed = [md_cell(r.backend) for r in pairs if r.target_reached is False]
         text = (f"Rounds ({md_cell(device)}): {len(log)}, the backends in a shuffled order each round (order seed "
                 f"{order_seed}); in each, every backend's process, once warm, is paired with a fresh eager "
                 "process warmed up as long (round 1: the cold cells, which also take compile, memory and parity), "
                 "the parent alternating their steps in a random order; speedup = geometric mean of the step "
                 f"pairs' ratios, each round weighing the same, with its {CONFIDENCE:.0%} interval (Student's t over "
                 "the rounds' means, their spread pooled with the device's other rows', never narrower than the "
-                "step pairs' own scatter allows). Rounds after the "
-                f"first {config.rounds} go to the rows wider than the target, fewest rounds first, while the budget "
-                "allows. "
-                + (f"No row reached ±{config.target:g} % (each marked *)" if len(missed) == len(pairs) else
-                   f"{len(pairs) - len(missed)} of {len(pairs)} rows reached ±{config.target:g} %"
-                   + (f"; not (marked *): {', '.join(missed)}" if missed else ""))
-                + _target_cost_text(pairs, config)
+                "step pairs' own scatter allows). " + _policy_text(pairs, config)
                 + f". Rounds measured per row: {per_row}. Compile and first step (warm) = the median of later "
                 "rounds', which reuse the cell's compile "
                 "cache; break-even counts round 1's cold costs.")
@@ -202,13 +238,32 @@ def rounds_line(device: str, log: list[RoundInfo], rows: Sequence[CellResult] = 
     return text
 
 
-def _target_cost_text(rows: Sequence[CellResult], config: RunConfig) -> str:
+def _policy_text(pairs: Sequence[CellResult], config: RunConfig) -> str:
+    """Where the rounds after the first ``--rounds`` went (``run/policy.py``), and with
+    ``--target`` which rows reached it."""
+    if config.target is None:
+        looks = ", ".join(str(k) for k in LOOKS if k > config.rounds)
+        return (f"Rounds after the first {config.rounds} go to the rows still contending for the pick (the best, the "
+                "rows the verdict can't yet tell from it, and the control while the best doesn't clear it), and the "
+                f"run stops once the verdict names a pick: it looks after round {config.rounds}"
+                + (f" and rounds {looks}" if looks else "") + f", each of its tests at {VERDICT_CONFIDENCE * 100:.1f} % so "
+                f"that over all {MAX_LOOKS} looks a run may take a wrong pick stays below 5 %")
+    missed = [md_cell(r.backend) for r in pairs if r.target_reached is False]
+    return (f"Rounds after the first {config.rounds} go to the rows wider than the target (`--target`), fewest "
+            "rounds first, while the budget allows. "
+            + (f"No row reached ±{config.target:g} % (each marked *)" if len(missed) == len(pairs) else
+               f"{len(pairs) - len(missed)} of {len(pairs)} rows reached ±{config.target:g} %"
+               + (f"; not (marked *): {', '.join(missed)}" if missed else ""))
+            + _target_cost_text(pairs, config, config.target))
+
+
+def _target_cost_text(rows: Sequence[CellResult], config: RunConfig, target: float) -> str:
     """What reaching the target on every row would take here, at the rounds' measured cost."""
-    cost = target_cost(rows, config.target)
+    cost = target_cost(rows, target)
     if cost is None:
         return ""
     minutes = max(1, round(cost.extra_s / 60))
-    return (f"; at this run's cost per round, ±{config.target:g} % on every row would take about {cost.rounds} "
+    return (f"; at this run's cost per round, ±{target:g} % on every row would take about {cost.rounds} "
             f"rounds for the widest ({md_cell(cost.widest)}) and {minutes} more {plural('minute', minutes)} of rounds "
             f"(`--budget {config.budget_s + cost.extra_s:.0f}` for this device alone)")
 

@@ -7,8 +7,9 @@ first and alone; then in each round every backend's cell, once warm, is paired w
 eager process of its own, warmed up as long (``cell.Pairing``, ``pairs.py``;
 ``pairs.round_size`` step pairs): round 1's cells are the cold ones (compile, memory, parity),
 later rounds reuse each cell's compile cache and add their paired steps to its row. After
-``--rounds``, more rounds go to the rows whose interval is wider than ``--target`` while
-``--budget`` lasts. Under ``--nproc`` the rounds are unpaired:
+``--rounds``, the run's policy (``policy.py``) names each next round's backends while
+``--budget`` lasts: the rows still contending for the pick, until it is decided (or, with
+``--target``, the rows wider than it). Under ``--nproc`` the rounds are unpaired:
 each cell once per round. What one cell does is ``cell.py``'s.
 """
 from __future__ import annotations
@@ -26,11 +27,12 @@ from ...plugins import Registry
 from ..config import RunConfig
 from ..records import Status
 from ..results import CellResult, RoundInfo, RunReport
-from ..stats import StepStats, half_width, measured_rounds
+from ..stats import StepStats
 from .cell import Pairing, _result, _row_fields, ensure_reference, paid, run_cell, summarize, unavailable
 from .devices import DeviceSlot
 from .launch import SERVER, Child
 from .pairs import round_size
+from .policy import policy_for, round_order
 from .progress import Progress
 from .sentinel import sentinel_s
 
@@ -60,8 +62,8 @@ def plan_cells(config: RunConfig, slots: list[DeviceSlot]) -> list[Cell]:
 def run_cells(cells: list[Cell], config: RunConfig, registry: Registry, report: RunReport,
               on_result: Callable[[RunReport], None], progress: Progress = Progress()) -> None:
     """Run the cells not already in ``report`` (a resumed run keeps its finished ones), round by
-    round on each device: ``--rounds`` of them, then, with warm pairs, more for the rows whose
-    interval is wider than ``--target`` while ``--budget`` allows.
+    round on each device: ``--rounds`` of them, then, with warm pairs, the rounds the run's policy
+    names (``policy.py``) while ``--budget`` allows.
 
     ``on_result`` is called after each cell so results are written as they
     come. ``Interrupted``/``KeyboardInterrupt`` propagate after the running
@@ -109,7 +111,7 @@ class _Run:
         self.cost: dict[str, float] = {}
 
     def device(self, slot: DeviceSlot, names: list[str], devices_left: int) -> None:
-        """Every round on ``slot``: the first ``--rounds``, then the adaptive ones (warm pairs)."""
+        """Every round on ``slot``: the first ``--rounds``, then those the policy names (warm pairs)."""
         config = self.config
         # Warm pairs need an eager process that runs here; DDP cells are torchrun jobs, unpaired.
         paired = (not config.distributed and "eager" in names and not slot.unavailable
@@ -117,14 +119,17 @@ class _Run:
         # The budget left is shared among the devices still to run.
         now = time.monotonic()
         deadline = now + (config.budget_s - (now - self.started)) / devices_left
+        policy = policy_for(config)
         for k in range(1, max(config.rounds, MAX_ROUNDS) + 1):
             if k <= config.rounds:
-                due = [n for n in self._round_order(names, slot.name, k)
+                due = [n for n in round_order(names, self.report.order_seed, slot.name, k, config.rounds)
                        if _needs_round(self.report, Cell(n, slot), k)]
                 if paired:  # the eager process comes first: the cell, or the process the round pairs with
                     due.sort(key=lambda n: n != "eager")
-            elif paired and config.rounds > 1:  # --rounds 1 is a quick look: one round, no more
-                due = self._round_order(self._wider_than_target(slot, deadline), slot.name, k)
+            elif paired and policy is not None:
+                names_due = policy.next_round(k, self.report.rows(slot.name), self.report.verdicts[slot.name],
+                                              deadline - time.monotonic(), lambda n: self._cost(n, slot))
+                due = round_order(names_due, self.report.order_seed, slot.name, k, config.rounds)
                 self.todo += len(due) + 1  # and eager's round
             else:
                 break
@@ -154,22 +159,15 @@ class _Run:
             else:
                 for name in due:
                     reference_s = self._fold(self._cell(name, slot, k), k, reference_s)
-
-    def _round_order(self, names: list[str], device: str, k: int) -> list[str]:
-        """Round ``k``'s order: a shuffle seeded by the report's ``order_seed`` (drawn per run and
-        recorded, so a resumed run repeats it), the device and the round. Where a row sits in its
-        round then varies from round to round and from run to run, so no position effect can
-        follow a backend. One round keeps the plan's order (eager first)."""
-        if self.config.rounds == 1 and k == 1:
-            return list(names)
-        order = list(names)
-        random.Random(f"{self.report.order_seed}:{device}:{k}").shuffle(order)
-        return order
+            log = self.report.round_log.get(slot.name)
+            if log and len(log) == k:  # written with the next cell's result, or the run's last write
+                log[-1].ended_s = time.monotonic() - self.started
 
     def _label(self, name: str, slot: DeviceSlot, k: int) -> str:
-        rounds = self.config.rounds
+        rounds, target = self.config.rounds, self.config.target
         if k > rounds:
-            return f"{name} on {slot.name}, round {k} (its interval is still wider than ±{self.config.target:g} %)"
+            why = "still contending for the pick" if target is None else f"its interval is still wider than ±{target:g} %"
+            return f"{name} on {slot.name}, round {k} ({why})"
         return f"{name} on {slot.name}" + (f", round {k}/{rounds}" if rounds > 1 else "")
 
     def _cell(self, name: str, slot: DeviceSlot, k: int, pairing: Optional[Pairing] = None) -> CellResult:
@@ -242,25 +240,6 @@ class _Run:
             if row.status == Status.OK and len(row.rounds or []) < k:
                 _add_round(self.report, None, k, row)
         self.report.rederive()
-
-    def _wider_than_target(self, slot: DeviceSlot, deadline: float) -> list[str]:
-        """The next round's backends: the rows whose interval is wider than ``--target``, as many as
-        the time left until ``deadline`` pays for (each at its latest round's cost, its eager
-        process's included). The rows with the fewest rounds come first, the widest first among
-        them: an interval over rounds narrows as 1 / √rounds, most from the second round to the
-        third, so every row gets a third round before any gets a fourth. The round then runs them in
-        its own shuffled order (``_round_order``)."""
-        rows = [r for r in self.report.rows(slot.name) if r.target_reached is False and r.speedup_ci]
-        rows.sort(key=lambda r: (measured_rounds(r),
-                                 -half_width(r.speedup_vs_eager or 1.0, *(r.speedup_ci or [1.0, 1.0]))))
-        left = deadline - time.monotonic()
-        due = []
-        for r in rows:
-            cost = self._cost(r.backend, slot)
-            if cost <= left:
-                due.append(r.backend)
-                left -= cost
-        return due
 
     def _cost(self, name: str, slot: DeviceSlot) -> float:
         """What another round of ``name`` costs: its latest round's wall time, else (a resumed run)

@@ -50,11 +50,11 @@ from .intervals import (
     slowest,
     speedup_interval,
 )
-from .verdict import CONTROL, Verdict, verdict
+from .verdict import CONTROL, LOOKS, MAX_LOOKS, VERDICT_CONFIDENCE, Verdict, verdict
 
 __all__ = ["BOOTSTRAP_RESAMPLES", "CONFIDENCE", "CONTROL", "DEFAULT_ALPHA", "KERNEL_SHARE_HINT",
-           "LATENCY_PERCENTILES", "MIN_PAIRED_ROUNDS", "PairedRounds", "ParityCost", "Pooled",
-           "Rounds", "StepStats", "T_INTERVAL_MIN_ROUNDS", "TargetCost", "UP_FRONT_NOISE_STEPS", "Verdict",
+           "LATENCY_PERCENTILES", "LOOKS", "MAX_LOOKS", "MIN_PAIRED_ROUNDS", "PairedRounds", "ParityCost", "Pooled",
+           "Rounds", "StepStats", "T_INTERVAL_MIN_ROUNDS", "TargetCost", "UP_FRONT_NOISE_STEPS", "VERDICT_CONFIDENCE", "Verdict",
            "derive", "eager_step_s", "half_width", "interval_ratio", "kernel_share", "kernel_share_hint",
            "later_round_s", "measured_precision", "measured_rounds", "memory_ratio", "one_off_cost",
            "one_off_peak", "paired_of", "paired_ratio", "paired_speedup", "parity_cost",

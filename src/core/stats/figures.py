@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..records import Status
 from .intervals import (
+    CONFIDENCE,
     PairedRounds,
     Pooled,
     Rounds,
@@ -101,14 +102,15 @@ def round_prior(rows: Sequence["CellResult"], *exclude: "CellResult") -> Optiona
     return Pooled.of([p for p in paired if p is not None])
 
 
-def speedup_of(eager: "CellResult", r: "CellResult", prior: Optional[Pooled] = None) -> tuple[float, float, float]:
-    """``(speedup, low, high)`` of ``r`` over eager: from its warm pairs where it has them (with
-    ``prior``, ``round_prior``), else from the rounds' medians (``intervals``). ValueError when
-    nothing pairs them."""
+def speedup_of(eager: "CellResult", r: "CellResult", prior: Optional[Pooled] = None,
+               confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """``(speedup, low, high)`` of ``r`` over eager, the interval at ``confidence``: from its warm
+    pairs where it has them (with ``prior``, ``round_prior``), else from the rounds' medians
+    (``intervals``). ValueError when nothing pairs them."""
     paired = paired_of(r)
     if paired is not None:
-        return paired_speedup(paired, prior)
-    return speedup_interval(rounds_of(eager), rounds_of(r))
+        return paired_speedup(paired, prior, confidence)
+    return speedup_interval(rounds_of(eager), rounds_of(r), confidence)
 
 
 def measured_rounds(r: "CellResult") -> int:

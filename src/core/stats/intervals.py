@@ -90,12 +90,13 @@ def round_medians(rounds: Rounds) -> list[Optional[float]]:
 
 
 @functools.lru_cache(maxsize=4096)
-def speedup_interval(base: Rounds, other: Rounds) -> tuple[float, float, float]:
-    """``(speedup, low, high)`` of ``other`` against ``base`` (> 1: ``other`` is faster).
+def speedup_interval(base: Rounds, other: Rounds, confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """``(speedup, low, high)`` of ``other`` against ``base`` (> 1: ``other`` is faster), its
+    interval at ``confidence``.
 
     Rounds are paired by their number (a round's drift hits both alike; a round that failed on
     either side pairs with nothing). Each pair gives ``median(base) / median(other)``; the speedup
-    is their geometric mean, the centre of its 95 % interval:
+    is their geometric mean, the centre of its interval:
 
     - with ``T_INTERVAL_MIN_ROUNDS`` pairs or more, Student's t over the pairs' log ratios (the
       rounds are the independent repeats; a round's steps only make its median);
@@ -112,7 +113,7 @@ def speedup_interval(base: Rounds, other: Rounds) -> tuple[float, float, float]:
     if len(logs) >= T_INTERVAL_MIN_ROUNDS:
         spread = float(_scipy.sem(logs))
         low, high = (speedup, speedup) if spread == 0 else (
-            float(np.exp(v)) for v in _scipy.t.interval(CONFIDENCE, len(logs) - 1, loc=logs.mean(), scale=spread))
+            float(np.exp(v)) for v in _scipy.t.interval(confidence, len(logs) - 1, loc=logs.mean(), scale=spread))
     else:
         samples = [a for pair in pairs for a in pair]
 
@@ -121,7 +122,7 @@ def speedup_interval(base: Rounds, other: Rounds) -> tuple[float, float, float]:
             return np.exp(np.mean(np.log(ratios), axis=0))
 
         if all(len(s) > 1 for s in samples):
-            result = _scipy.bootstrap(samples, statistic, n_resamples=BOOTSTRAP_RESAMPLES, confidence_level=CONFIDENCE,
+            result = _scipy.bootstrap(samples, statistic, n_resamples=BOOTSTRAP_RESAMPLES, confidence_level=confidence,
                                       method="percentile", random_state=np.random.default_rng(0))
             low, high = float(result.confidence_interval.low), float(result.confidence_interval.high)
         else:
@@ -141,11 +142,11 @@ def _within(logs: Sequence[np.ndarray]) -> Optional[float]:
     return float(np.mean(parts)) if parts else None
 
 
-def _bootstrap_within(logs: np.ndarray) -> tuple[float, float]:
+def _bootstrap_within(logs: np.ndarray, confidence: float) -> tuple[float, float]:
     """A percentile bootstrap of one round's mean log ratio over its step pairs (seeded)."""
     rng = np.random.default_rng(0)
     draws = logs[rng.integers(len(logs), size=(BOOTSTRAP_RESAMPLES, len(logs)))].mean(axis=1)
-    low, high = np.quantile(draws, [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
+    low, high = np.quantile(draws, [(1 - confidence) / 2, (1 + confidence) / 2])
     return float(low), float(high)
 
 
@@ -179,8 +180,9 @@ class Pooled:
 
 
 def _over_rounds(means: list[float], within: Optional[float], one_round: Optional[np.ndarray],
-                 prior: Optional[Pooled] = None) -> tuple[float, float, float]:
-    """``(estimate, low, high)`` on the log scale: the mean over rounds, with Student's t over the
+                 prior: Optional[Pooled], confidence: float) -> tuple[float, float, float]:
+    """``(estimate, low, high)`` on the log scale: the mean over rounds, with Student's t at
+    ``confidence`` over the
     rounds' means. Their variance is the row's own (``rounds - 1`` degrees of freedom) pooled with
     ``prior`` (the other rows' on the device) where there is one, and never taken below what the
     step pairs' own scatter gives a round's mean (``within``): two rounds that agree by chance
@@ -191,21 +193,23 @@ def _over_rounds(means: list[float], within: Optional[float], one_round: Optiona
     if own_df == 0 and prior is None:
         if one_round is None or len(one_round) < 2:
             return estimate, estimate, estimate
-        low, high = _bootstrap_within(one_round)
+        low, high = _bootstrap_within(one_round, confidence)
         return estimate, min(low, estimate), max(high, estimate)
     own = float(np.var(means, ddof=1)) if own_df else 0.0
     df = own_df + (prior.df if prior else 0)
     variance = max((own * own_df + (prior.variance * prior.df if prior else 0.0)) / df, within or 0.0)
-    half = float(_scipy.t.ppf((1 + CONFIDENCE) / 2, df)) * math.sqrt(variance / len(means))
+    half = float(_scipy.t.ppf((1 + confidence) / 2, df)) * math.sqrt(variance / len(means))
     return estimate, estimate - half, estimate + half
 
 
 @functools.lru_cache(maxsize=4096)
-def paired_speedup(rounds: PairedRounds, prior: Optional[Pooled] = None) -> tuple[float, float, float]:
-    """``(speedup, low, high)`` of a backend over eager from warm interleaved pairs (> 1: faster).
+def paired_speedup(rounds: PairedRounds, prior: Optional[Pooled] = None,
+                   confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """``(speedup, low, high)`` of a backend over eager from warm interleaved pairs (> 1: faster),
+    its interval at ``confidence``.
 
     Each step pair gives ``eager / backend``; a round's figure is the geometric mean of its
-    pairs, the speedup the geometric mean over rounds. Its 95 % interval is Student's t over the
+    pairs, the speedup the geometric mean over rounds. Its interval is Student's t over the
     rounds (each a fresh pair of processes, the level that repeats independently), so the spread
     between processes is in it, with the steps' own scatter as its floor. ``prior``: the
     round-to-round variance pooled over the device's other rows (``Pooled.of``), which every row
@@ -217,13 +221,13 @@ def paired_speedup(rounds: PairedRounds, prior: Optional[Pooled] = None) -> tupl
     if not logs:
         raise ValueError("no step pair measured")
     values = list(logs.values())
-    estimate, low, high = _over_rounds([v.mean() for v in values], _within(values), values[0], prior)
+    estimate, low, high = _over_rounds([v.mean() for v in values], _within(values), values[0], prior, confidence)
     return float(np.exp(estimate)), float(np.exp(low)), float(np.exp(high))
 
 
 @functools.lru_cache(maxsize=4096)
-def paired_ratio(faster: PairedRounds, slower: PairedRounds,
-                 prior: Optional[Pooled] = None) -> tuple[float, float, float]:
+def paired_ratio(faster: PairedRounds, slower: PairedRounds, prior: Optional[Pooled] = None,
+                 confidence: float = CONFIDENCE) -> tuple[float, float, float]:
     """``(ratio, low, high)``: ``faster``'s speedup over ``slower``'s, from the rounds both ran.
 
     Their ratio in a round is the difference of their log speedups in that round (both measured
@@ -238,7 +242,7 @@ def paired_ratio(faster: PairedRounds, slower: PairedRounds,
     within_a, within_b = _within([a[k] for k in shared]), _within([b[k] for k in shared])
     within = None if within_a is None or within_b is None else within_a + within_b
     estimate, low, high = _over_rounds([a[k].mean() - b[k].mean() for k in shared], within, None,
-                                       prior.doubled() if prior else None)
+                                       prior.doubled() if prior else None, confidence)
     return float(np.exp(estimate)), float(np.exp(low)), float(np.exp(high))
 
 

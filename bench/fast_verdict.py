@@ -1,0 +1,95 @@
+"""Does the verdict a run stops at agree with a long run's? One long run, then several default ones.
+
+    python bench/fast_verdict.py --label my-model --long-budget 1200 -- --workload examples/my_model.py:build
+    python bench/fast_verdict.py --label my-model --analyse-only -- --workload examples/my_model.py:build
+
+Runs ``cnncompare --devices cpu [args] --budget LONG`` once (``bench/results/fast-LABEL-long.json``),
+then ``--runs`` default runs of the same comparison (``fast-LABEL-i.json``), one after the other,
+and reports for each short run its verdict (the pick, or whom it was undecided between), its rounds
+and wall time, and whether it names the long run's pick or, where the long run was undecided, a
+set of rows the long run's set contains; then the A/A figures over the short runs (as
+``aa_bias.py``'s). A short run that names another pick than the long one is the error the stopping
+rule bounds (docs/verdicts.md, "When a run stops").
+
+Writes the summary to ``--out`` (markdown, appended). Run it alone on the machine: another job on
+the cores moves the figures by 10 % or more.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from aa_bias import RESULTS, _wall, analyse, run
+
+
+def verdict_of(data: dict) -> tuple[str | None, list[str]]:
+    """The cpu verdict's pick and, without one, whom it was undecided between."""
+    v = data["verdict"]["cpu"]
+    return v["pick"], v.get("undecided_between") or [v["best"], *v["tied_with"]]
+
+
+def agrees(short: dict, long: dict) -> bool:
+    """Whether a short run tells the long one's story: the same pick; undecided where the long run is
+    undecided too, between rows the long run's tie holds; or undecided between rows that include
+    the long run's pick (no wrong pick, only a later one)."""
+    pick, between = verdict_of(short)
+    long_pick, long_between = verdict_of(long)
+    if pick is not None:
+        return pick == long_pick
+    return long_pick in between if long_pick is not None else set(between) <= set(long_between)
+
+
+def summary(long_path: Path, paths: list[Path], args: list[str], label: str) -> str:
+    from cnncompare.core.results import RunReport
+
+    def load(path: Path) -> dict:
+        return json.loads(RunReport.from_json(path.read_text()).to_json())
+
+    long = load(long_path)
+    pick, between = verdict_of(long)
+    told = f"pick **{pick}**" if pick else f"undecided between {', '.join(between)}"
+    lines = [f"## A fast verdict against a long one: {label}", "",
+             f"`cnncompare --devices cpu {' '.join(args)}`. The long run (`--budget {long['config']['budget_s']:g}`): "
+             f"{told} after {len(long['round_log']['cpu'])} rounds, {_wall(long) / 60:.1f} min.", "",
+             "| run | verdict | rounds | wall | tells the long run's story |", "|---|---|---|---|---|"]
+    shorts = [load(p) for p in paths]
+    for i, data in enumerate(shorts, 1):
+        p, b = verdict_of(data)
+        lines.append(f"| {i} | {f'pick {p}' if p else 'undecided between ' + ', '.join(b)} | "
+                     f"{len(data['round_log']['cpu'])} | {_wall(data) / 60:.1f} min | {'yes' if agrees(data, long) else 'no'} |")
+    same = sum(agrees(d, long) for d in shorts)
+    walls = sorted(_wall(d) / 60 for d in shorts)
+    lines += ["", f"- {same} of {len(shorts)} short runs tell the long run's story; their wall time "
+              f"{walls[0]:.1f}–{walls[-1]:.1f} min (median {walls[len(walls) // 2]:.1f})."]
+    return "\n".join(lines) + "\n\n" + analyse(paths, label, args)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--label", required=True, help="names the runs' files: bench/results/fast-LABEL-*.json")
+    p.add_argument("--long-budget", type=float, default=1800.0, help="the long run's --budget, seconds")
+    p.add_argument("--out", type=Path, default=Path("reports/fast-verdict.md"), help="markdown the summary is appended to")
+    p.add_argument("--analyse-only", action="store_true", help="run nothing: the existing runs' JSON")
+    p.add_argument("extra", nargs="*", help="cnncompare arguments, after --")
+    args = p.parse_args()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    long_path = RESULTS / f"fast-{args.label}-long.json"
+    paths = [RESULTS / f"fast-{args.label}-{i}.json" for i in range(1, args.runs + 1)]
+    if not args.analyse_only:
+        seconds = run(long_path, [*args.extra, "--budget", f"{args.long_budget:g}"])
+        print(f"long run: {seconds / 60:.1f} min", file=sys.stderr)
+        for i, path in enumerate(paths, 1):
+            seconds = run(path, args.extra)
+            print(f"run {i}/{len(paths)}: {seconds / 60:.1f} min", file=sys.stderr)
+    text = summary(long_path, [p for p in paths if p.exists()], args.extra, args.label)
+    print(text)
+    with args.out.open("a", encoding="utf-8") as f:
+        f.write("\n" + text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
