@@ -47,7 +47,7 @@ def test_a_true_tie_names_a_pick_no_more_often_than_the_stated_rate(sim, truth):
 
 def test_rounds_after_a_look_go_to_the_contenders_only(sim):
     """A row clearly slower than the best gets no round after the first look; the best and the
-    row tied with it do, with the control while the best doesn't clear it."""
+    row tied with it do, and the control in every round."""
     rng, draw = random.Random(3), sim.normal_draw(process=0.0, step=0.01)
     truth = {"a": 1.3, "b": 1.3, "slow": 0.7}
     outcome = sim.simulate(truth, draw, rng, max_rounds=4)

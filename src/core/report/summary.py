@@ -244,7 +244,7 @@ def _policy_text(pairs: Sequence[CellResult], config: RunConfig) -> str:
     if config.target is None:
         looks = ", ".join(str(k) for k in LOOKS if k > config.rounds)
         return (f"Rounds after the first {config.rounds} go to the rows still contending for the pick (the best, the "
-                "rows the verdict can't yet tell from it, and the control while the best doesn't clear it), and the "
+                "rows the verdict can't yet tell from it, and the control in every round), and the "
                 f"run stops once the verdict names a pick: it looks after round {config.rounds}"
                 + (f" and rounds {looks}" if looks else "") + f", each of its tests at {VERDICT_CONFIDENCE * 100:.1f} % so "
                 f"that over all {MAX_LOOKS} looks a run may take a wrong pick stays below 5 %")

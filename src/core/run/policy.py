@@ -5,8 +5,8 @@ The first ``--rounds`` rounds run every backend (``orchestrate``); after them a 
 next round's backends from the device's figures so far, and an empty list ends the device:
 
 - ``Decide`` (the default): rounds go to the rows still contending for the pick, the best and
-  the rows the verdict can't yet tell from it (the control among them while the best doesn't
-  clear it), and stop as soon as the verdict names a pick. It looks only after the rounds in
+  the rows the verdict can't yet tell from it, with the control (the noise floor the pick must
+  clear) in every round, and stop as soon as the verdict names a pick. It looks only after the rounds in
   ``stats.LOOKS`` (and ``--rounds``), and the verdict tests at ``stats.VERDICT_CONFIDENCE``, so
   that the looks together keep a wrong pick at 5 % at most (docs/verdicts.md, "When a run stops").
 - ``Precise`` (``--target``): rounds go to every row whose interval is wider than the target,
@@ -45,6 +45,10 @@ class Decide:
         names a pick), between looks those of the last look."""
         if self.looks_after(k - 1) or not self.looked:  # (a resumed run looks where it resumes)
             self.contenders = [name for name in verdict.undecided_between if name != "eager"]
+            # The control runs in every round that runs, not only while the best hasn't cleared
+            # it: dropped when it happened to look slow, its figure would lean below 1.
+            if self.contenders and verdict.control is not None and verdict.control.backend not in self.contenders:
+                self.contenders.append(verdict.control.backend)
             self.looked = True
         # A round without the best decides nothing: the contenders in order, up to the first
         # the time left doesn't pay for.
