@@ -1,6 +1,6 @@
 """What can any design reach in one run's budget, given this machine's measured noise?
 
-    python bench/noise_budget.py                     # reports/cpu-seed.json, bench/results/noise-levels-*.json
+    python bench/noise_budget.py                     # reports/cpu-seed-pairs.json, bench/results/noise-levels-*.json
     python bench/noise_budget.py --report reports/cpu-seed-repeat.json
 
 Takes a default run's report (what its cells cost: the parity reference, each row's compile,
@@ -38,7 +38,7 @@ HERE = Path(__file__).parent
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--report", type=Path, default=HERE.parent / "reports" / "cpu-seed.json")
+    p.add_argument("--report", type=Path, default=HERE.parent / "reports" / "cpu-seed-pairs.json")
     p.add_argument("--levels", type=Path, nargs="+", default=sorted((HERE / "results").glob("noise-levels-*.json")))
     p.add_argument("--target", type=float, default=3.0, help="half-width goal, %%")
     p.add_argument("--move", type=float, default=5.0, help="largest move between two runs, %%")

@@ -96,7 +96,7 @@ def test_the_committed_repeat_of_the_default_run_passes_the_gate(capsys):
     from pathlib import Path
 
     reports = Path(__file__).resolve().parents[1] / "reports"
-    argv = ["compare", str(reports / "cpu-seed.json"), str(reports / "cpu-seed-repeat.json"), "--fail-above", "5"]
+    argv = ["compare", str(reports / "cpu-seed-pairs.json"), str(reports / "cpu-seed-repeat.json"), "--fail-above", "5"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "Gate (--fail-above 5 %: slower by more than that, beyond noise)**: passed." in out
