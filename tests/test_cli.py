@@ -169,14 +169,15 @@ def test_dry_run_prints_the_plan_and_an_estimate_from_an_earlier_run_and_runs_no
     from cnncompare.core.report.data import render_json
     from cnncompare.core.results import CellResult, RunReport
 
-    argv = ["--devices", "cpu", "--backends", "eager,compile-reduce-overhead", "--image-size", "8", "--batch-size", "4",
+    # batch 3: no committed report under reports/ (where the estimate also looks) is of this job
+    argv = ["--devices", "cpu", "--backends", "eager,compile-reduce-overhead", "--image-size", "8", "--batch-size", "3",
             "--dry-run", "--output", str(tmp_path / "runs" / "r.md")]
     code, out, _ = _run(capsys, *argv)
     assert code == 0 and "cpu: 2 cells x 2 rounds: eager, eager-control" in out
     assert "skipped compile-reduce-overhead (mode='reduce-overhead' records CUDA graphs" in out
     assert "Estimated time: unknown" in out and not (tmp_path / "runs").exists()
     workload = WorkloadSpec("seed-cnn", {"image_size": 8, "in_channels": 3, "num_classes": 10}, "image")
-    earlier = RunReport(environment={"cpu": "CPU A"}, config=RunConfig(batch_size=4, workload=workload, rounds=1),
+    earlier = RunReport(environment={"cpu": "CPU A"}, config=RunConfig(batch_size=3, workload=workload, rounds=1),
                         started_at="2026-12-06T08:00:00+00:00", finished_at="2026-12-06T08:02:00+00:00")
     earlier.results = [CellResult(backend=name, device="cpu", status=Status.OK) for name in ("eager", "compile")]
     (tmp_path / "runs").mkdir()
