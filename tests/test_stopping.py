@@ -80,3 +80,14 @@ def test_the_summary_says_when_the_pick_was_decided_or_what_would_decide_it(sim)
     assert tied.pick is None and "Undecided between **a** and **b** after 3 rounds" in text
     assert "separating them would take about" in text and "`--budget" in text
     assert tied.report.verdicts["cpu"].rounds_to_separate > 3
+
+
+def test_a_round_the_budget_pays_only_for_the_best_is_not_run(sim):
+    """Compared with nothing, the best's round decides nothing (unless eager is what it must still
+    clear: every round has eager's processes); the device stops instead."""
+    tied = sim.simulate({"a": 1.2, "b": 1.19}, sim.normal_draw(), random.Random(5), max_rounds=3, control=False)
+    v = tied.report.verdicts["cpu"]
+    assert v.pick is None and "eager" not in v.undecided_between and len(v.undecided_between) == 2
+    rows = tied.report.rows("cpu")
+    assert Decide(first=2).next_round(4, rows, v, 10.0, lambda name: 6.0) == []
+    assert Decide(first=2).next_round(4, rows, v, 12.0, lambda name: 6.0) == v.undecided_between

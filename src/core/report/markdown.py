@@ -76,7 +76,7 @@ def render_markdown(report: RunReport, charts: Optional[list[tuple[str, str]]] =
     for device in devices:
         v = report.verdicts[device]
         out.append(summary_line(v, config.mode))
-        out += [line for line in [use_it_line(v), stop_line(v, report.round_log.get(device, []), config)] if line]
+        out += [line for line in [use_it_line(v), stop_line(v, report.round_log.get(device, []), config, report.rows(device))] if line]
     if not devices:
         out.append("No cell finished.")
     if any(_starred(report.rows(device)) for device in devices):

@@ -20,6 +20,7 @@ from ..stats import (
     T_INTERVAL_MIN_ROUNDS,
     VERDICT_CONFIDENCE,
     Verdict,
+    later_round_s,
     measured_precision,
     measured_rounds,
     parity_cost,
@@ -120,10 +121,11 @@ def verdict_level(v: Verdict) -> str:
     return f"{v.confidence * 100:.1f} % (95 % over the up to {MAX_LOOKS} looks a run takes)"
 
 
-def stop_line(v: Verdict, log: Sequence[RoundInfo], config: RunConfig) -> Optional[str]:
+def stop_line(v: Verdict, log: Sequence[RoundInfo], config: RunConfig, rows: Sequence[CellResult] = ()) -> Optional[str]:
     """How the rounds ended, indented under the summary line: decided after N rounds, or
     undecided between the rows no round separated, with what separating them would take. None
-    for a run without rounds of warm pairs (nothing was decided round by round)."""
+    for a run without rounds of warm pairs (nothing was decided round by round). ``rows``: the
+    device's, whose later rounds' cost prices the rounds still needed."""
     if not v.paired or len(log) < 2 or v.best is None or v.eager is None:
         return None
     ended = log[-1].ended_s
@@ -142,8 +144,9 @@ def stop_line(v: Verdict, log: Sequence[RoundInfo], config: RunConfig) -> Option
                 f"for a difference that small, {'either' if len(between) == 2 else 'any of them'} will do.")
     if ended is None:
         return text + f": separating them would take about {needed} rounds in all if their difference held."
-    # Another round runs the rows the last one did: its time is what each more round costs.
-    extra = max(0, needed - len(log)) * (ended - (log[-2].ended_s or 0.0))
+    # Each more round runs every row still undecided, at what a later round of it costs.
+    per_round = sum(later_round_s(r) or 0.0 for r in rows if r.backend in between and r.backend != "eager")
+    extra = max(0, needed - len(log)) * (per_round or ended - (log[-2].ended_s or 0.0))
     return (text + f": separating them would take about {needed} rounds in all if their difference held, "
             f"some {max(1, round(extra / 60))} more min (`--budget {config.budget_s + extra:.0f}`).")
 

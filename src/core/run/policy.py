@@ -51,8 +51,12 @@ class Decide:
                 self.contenders.append(verdict.control.backend)
             self.looked = True
         # A round without the best decides nothing: the contenders in order, up to the first
-        # the time left doesn't pay for.
-        return _affordable(self.contenders, left_s, cost, prefix=True)
+        # the time left doesn't pay for; nor does the best alone, unless what it must still
+        # clear is eager (whose processes every round has).
+        due = _affordable(self.contenders, left_s, cost, prefix=True)
+        if len(due) < 2 and "eager" not in verdict.undecided_between:
+            return []
+        return due
 
 
 @dataclass
