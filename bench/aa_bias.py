@@ -47,6 +47,20 @@ def run(path: Path, extra: list[str]) -> float:
     return time.perf_counter() - start
 
 
+def run_all(paths: list[Path], extra: list[str]) -> None:
+    """One run per path, one after the other, each one's minutes on stderr."""
+    for i, path in enumerate(paths, 1):
+        seconds = run(path, extra)
+        print(f"run {i}/{len(paths)}: {seconds / 60:.1f} min", file=sys.stderr)
+
+
+def publish(text: str, out: Path) -> None:
+    """The summary on stdout and appended to ``out``."""
+    print(text)
+    with out.open("a", encoding="utf-8") as f:
+        f.write("\n" + text)
+
+
 def t_interval(values: list[float]) -> tuple[float, float, float]:
     """Mean and its 95 % Student's t interval (the mean alone with fewer than two values)."""
     mean = statistics.fmean(values)
@@ -137,13 +151,8 @@ def main() -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     paths = [RESULTS / f"aa-{args.label}-{i}.json" for i in range(1, args.runs + 1)]
     if not args.analyse_only:
-        for i, path in enumerate(paths, 1):
-            seconds = run(path, args.extra)
-            print(f"run {i}/{len(paths)}: {seconds / 60:.1f} min", file=sys.stderr)
-    text = analyse([p for p in paths if p.exists()], args.label, args.extra)
-    print(text)
-    with args.out.open("a", encoding="utf-8") as f:
-        f.write("\n" + text)
+        run_all(paths, args.extra)
+    publish(analyse([p for p in paths if p.exists()], args.label, args.extra), args.out)
     return 0
 
 

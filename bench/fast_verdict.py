@@ -24,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-from aa_bias import RESULTS, _wall, analyse, run
+from aa_bias import RESULTS, _wall, analyse, publish, run, run_all
 
 
 def verdict_of(data: dict) -> tuple[str | None, list[str]]:
@@ -97,13 +97,8 @@ def main() -> int:
     if not args.analyse_only:
         seconds = run(long_path, [*args.extra, *args.long.split()])
         print(f"long run: {seconds / 60:.1f} min", file=sys.stderr)
-        for i, path in enumerate(paths, 1):
-            seconds = run(path, args.extra)
-            print(f"run {i}/{len(paths)}: {seconds / 60:.1f} min", file=sys.stderr)
-    text = summary(long_path, [p for p in paths if p.exists()], args.extra, args.label)
-    print(text)
-    with args.out.open("a", encoding="utf-8") as f:
-        f.write("\n" + text)
+        run_all(paths, args.extra)
+    publish(summary(long_path, [p for p in paths if p.exists()], args.extra, args.label), args.out)
     return 0
 
 

@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from cnncompare.core import stats  # noqa: E402
+from cnncompare.core.config import RunConfig  # noqa: E402
 from cnncompare.core.records import Status  # noqa: E402
 from cnncompare.core.results import CellResult, RoundInfo, RunReport  # noqa: E402
 from cnncompare.core.run.policy import Decide  # noqa: E402
@@ -116,7 +117,7 @@ def simulate(truth: dict[str, float], draw: Draw, rng: random.Random, max_rounds
     for r in rows.values():
         r.round_samples, r.round_eager_samples = [], []
     eager.round_samples = []
-    report = RunReport(environment={}, config=_config(first), results=[eager, *rows.values()])
+    report = RunReport(environment={}, config=RunConfig(rounds=first, batch_size=1), results=[eager, *rows.values()])
     policy = Decide(first)
     due = list(speeds)
     k = 1
@@ -146,12 +147,6 @@ def simulate(truth: dict[str, float], draw: Draw, rng: random.Random, max_rounds
             k -= 1
             break
     return Outcome(v.pick, k, v.undecided_between, report)
-
-
-def _config(first: int):
-    from cnncompare.core.config import RunConfig
-
-    return RunConfig(rounds=first, batch_size=1)
 
 
 def wrong(truth: dict[str, float], pick: Optional[str]) -> bool:

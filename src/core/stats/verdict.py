@@ -156,9 +156,13 @@ def _rounds_to_separate(ratio: Optional[tuple[float, float, float]], rounds: int
         return None
     estimate, low, high = (math.log(v) for v in ratio)
     df = max(1, df or rounds - 1)
-    sigma = max(high - estimate, estimate - low) / float(_scipy.t.ppf((1 + confidence) / 2, df)) * math.sqrt(rounds)
-    for n in range(rounds + 1, SEPARATE_AT_MOST + 2):
-        if _scipy.t.ppf((1 + confidence) / 2, df * n / rounds) * sigma / math.sqrt(n) < estimate:
+    q = (1 + confidence) / 2
+    sigma = max(high - estimate, estimate - low) / float(_scipy.t.ppf(q, df)) * math.sqrt(rounds)
+    # t is never below the normal quantile, so no n under (z σ / estimate)² can do: start there
+    # (the search runs on every derive of an undecided report, up to SEPARATE_AT_MOST steps).
+    start = max(rounds + 1, math.ceil((float(_scipy.norm.ppf(q)) * sigma / estimate) ** 2))
+    for n in range(start, SEPARATE_AT_MOST + 2):
+        if _scipy.t.ppf(q, df * n / rounds) * sigma / math.sqrt(n) < estimate:
             return n
     return SEPARATE_AT_MOST + 1
 
