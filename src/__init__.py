@@ -10,6 +10,8 @@ Plugin authors need these names from here:
   ``cnncompare.workloads.base``).
 - ``cnncompare.ModelSpec``: what a user's model factory may return
   (``--workload file.py:factory``, see ``cnncompare.workloads.factory``).
+- ``cnncompare.Recipe``: a workload's training recipe (optimizer, scheduler, clipping,
+  accumulation), what a plugin workload's optional ``recipe(options)`` returns.
 
 The package's map: ``cli`` (the command line) -> ``core/run`` (the parent:
 plan, launch, supervise) -> ``core/cell`` (inside each cell's child:
@@ -33,7 +35,7 @@ except PackageNotFoundError:  # running from a checkout that was never installed
     __version__ = "0.0.0+unknown"
 
 from .backends.base import Backend  # noqa: E402  (needs PROJECT_NAME first)
-from .workloads.base import Workload  # noqa: E402
+from .workloads.base import Recipe, Workload  # noqa: E402
 from .workloads.factory import ModelSpec  # noqa: E402
 
-__all__ = ["Backend", "ModelSpec", "PROJECT_NAME", "Workload", "__version__", "hookimpl"]
+__all__ = ["Backend", "ModelSpec", "PROJECT_NAME", "Recipe", "Workload", "__version__", "hookimpl"]

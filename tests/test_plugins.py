@@ -13,7 +13,7 @@ from cnncompare.plugins import PluginError, load_registry
 #: inference-only deploy paths, and in inference every one but the training-only two.
 TRAIN_BUILTINS = ["eager", "eager-fused", "channels-last", "jit-trace", "jit-script", "compile", "compile-step",
                   "compile-reduce-overhead", "compile-max-autotune", "compile-max-autotune-no-cudagraphs",
-                  "aot-eager", "compile-channels-last"]
+                  "aot-eager", "compile-channels-last", "compile-dynamic", "compile-mark-dynamic", "compile-regional"]
 DEPLOY_BUILTINS = ["jit-freeze", "compile-freezing", "export-aot-inductor"]
 BUILTINS = TRAIN_BUILTINS + DEPLOY_BUILTINS
 #: Registered in this order; eager-control (the A/A row the command line adds beside eager) is not in `all`.

@@ -4,6 +4,8 @@
 Each must end ``fail_accuracy``: the parity check exists to catch exactly these.
 Importable (the cell's child unpickles them) and registered as a plugin module.
 """
+import dataclasses
+
 import torch
 from torch import nn
 
@@ -127,6 +129,41 @@ class StopsTrainingAfterParityStep:
         return step
 
 
+class IgnoresScheduler:
+    """Keeps the first learning rate: every step puts it back before the optimizer steps."""
+
+    name = "wrong-ignores-scheduler"
+
+    def compile(self, model, example, device):
+        return model
+
+    def make_train_step(self, forward, optimizer, loss_fn, recipe, params):
+        first = [group["lr"] for group in optimizer.param_groups]
+        real = make_train_step(forward, optimizer, loss_fn, recipe, params)
+
+        def step(x, y):
+            for group, lr in zip(optimizer.param_groups, first):
+                group["lr"] = lr
+            return real(x, y)
+
+        return step
+
+
+class SkipsClipping:
+    """Follows the recipe but never clips the gradients."""
+
+    name = "wrong-skips-clipping"
+
+    def compile(self, model, example, device):
+        return model
+
+    def make_train_step(self, forward, optimizer, loss_fn, recipe, params):
+        return make_train_step(forward, optimizer, loss_fn, dataclasses.replace(recipe, clip_grad_norm=None), params)
+
+
+#: Wrong only under a recipe of the workload's own (a scheduler, clipping): the recipe tests.
+WRONG_RECIPE = (IgnoresScheduler, SkipsClipping)
+
 WRONG = (GradTimes1_1, OtherBetas, StaleAfterStep2, FrozenBatchNorm, SkipFirstUpdate, ReplaysItsExample,
          StopsTrainingAfterParityStep)
 
@@ -215,5 +252,5 @@ WRONG_INFERENCE = (ScaledOutput, RunsInTrainMode, StaleOutput, IgnoresInput, Fol
 
 @cnncompare.hookimpl
 def cnncompare_register_backends(register):
-    for cls in WRONG + WRONG_INFERENCE:
+    for cls in WRONG + WRONG_INFERENCE + WRONG_RECIPE:
         register(cls())

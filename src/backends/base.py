@@ -69,20 +69,30 @@ class Backend(Protocol):
         ``max(--warmup, min_warmup)``.
     ``compile_step(step, example, device) -> callable`` [absent]
         Called after ``compile`` with the whole training step
-        ``step(x, y) -> loss`` (forward, the workload's loss, zero_grad,
-        backward, Adam);
+        ``step(x, y) -> loss`` (per micro-batch forward, the workload's loss and backward, then
+        the recipe's clipping and the optimizer step: ``core/cell/training.py``);
         returns a replacement with the same signature, e.g. the step compiled
-        as one function. Its wall time is added to ``compile_s``.
-    ``make_train_step(forward, optimizer, loss_fn) -> callable`` [absent]
+        as one function. Its wall time is added to ``compile_s``. The recipe's scheduler is
+        stepped after it, outside it, as a training loop does.
+    ``make_train_step(forward, optimizer, loss_fn, recipe=..., params=...) -> callable`` [absent]
         Replaces the harness's train-step protocol, e.g. to add loss scaling.
-        The result ``step(x, y)`` must do forward, ``loss_fn``, zero_grad,
-        backward and the optimizer step, and return the loss (detached, as a
-        tensor: no ``.item()``, which would synchronise inside the timed loop).
+        The result ``step(x, y)`` must do what the harness's does (forward, ``loss_fn``,
+        zero_grad, backward per micro-batch, clipping ``params`` where ``recipe`` clips, the
+        optimizer step) and return the loss (detached, as a tensor: no ``.item()``, which would
+        synchronise inside the timed loop). ``recipe`` (``cnncompare.Recipe``) and ``params``
+        are passed only when the function takes them; one that doesn't is ``skipped`` for a
+        recipe that clips or accumulates (it would skip them).
+    ``adapt_optimizer(optimizer) -> torch.optim.Optimizer`` [absent: the workload's own]
+        Given the workload's optimizer (its recipe's, built over the trained parameters),
+        returns the one the backend trains with: the same class and hyperparameters with the
+        backend's change (``fused=True``, a tensor lr so a compiled step does not recompile),
+        usually ``rebuild_optimizer(optimizer, fused=True)``, which raises ``NotApplicable``
+        where the class takes no such argument. The recipe's scheduler is built over the result.
+        Parity compares against the workload's optimizer unchanged.
     ``make_optimizer(params, lr) -> torch.optim.Optimizer`` [absent]
-        Builds the Adam optimizer over ``params`` with learning rate ``lr``
-        the backend needs (``fused=True``, or a tensor ``lr`` so a compiled
-        step does not recompile). It must stay Adam at ``lr``: the parity check
-        compares against plain Adam.
+        The older form of ``adapt_optimizer``: builds the Adam at ``lr`` the backend needs. Used
+        only where the workload keeps the default recipe (Adam at ``--lr``); on a workload with
+        an optimizer of its own the cell is ``skipped`` with the reason.
     ``prepare_input(x) -> x`` [identity]
         Converts the input batch once, before ``compile`` and outside any
         timed region (e.g. to ``torch.channels_last``), as a data loader would.
@@ -234,6 +244,37 @@ def step_maker(backend: Any) -> Optional[Callable[..., Any]]:
 
 def optimizer_maker(backend: Any) -> Optional[Callable[..., Any]]:
     return getattr(backend, "make_optimizer", None)
+
+
+def optimizer_adapter(backend: Any) -> Optional[Callable[..., Any]]:
+    return getattr(backend, "adapt_optimizer", None)
+
+
+def rebuild_optimizer(optimizer: "torch.optim.Optimizer", **changes: Any) -> "torch.optim.Optimizer":
+    """A new optimizer of ``optimizer``'s class over the same parameter groups, with the same
+    hyperparameters except ``changes`` (each a keyword argument of the class: ``fused=True``;
+    a callable value maps the group's old value to the new one: ``lr=torch.tensor``). Call it
+    before any step (the state is not carried). Raises ``NotApplicable`` where the class takes
+    no such argument or refuses the combination."""
+    import inspect
+
+    cls = type(optimizer)
+    accepted = inspect.signature(cls).parameters
+    for key in changes:
+        if key not in accepted:
+            raise NotApplicable(f"the workload's optimizer, torch.optim.{cls.__name__}, takes no {key}=")
+
+    def changed(group: dict) -> dict:
+        return {**group, **{k: (v(group[k]) if callable(v) else v) for k, v in changes.items()}}
+
+    # The groups carry every hyperparameter; the constructor's defaults only fill what they lack.
+    # A value (fused=True) is given to the constructor too, which checks it and sets up for it.
+    defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted and k != "params" and k not in changes}
+    defaults.update((k, v) for k, v in changes.items() if not callable(v))
+    try:
+        return cls([changed(g) for g in optimizer.param_groups], **defaults)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise NotApplicable(f"{cls.__qualname__} refuses {', '.join(changes)}: {exc}") from None
 
 
 def prepare_input(backend: Any, x: "torch.Tensor") -> "torch.Tensor":

@@ -2,7 +2,7 @@
 import torch
 
 from .. import hookimpl
-from .base import NotApplicable
+from .base import NotApplicable, rebuild_optimizer
 
 
 def to_channels_last(model):
@@ -42,15 +42,15 @@ class EagerControl(Eager):
 
 class EagerFused:
     name = "eager-fused"
-    description = "eager with Adam(fused=True): one fused kernel for the optimizer update"
+    description = "eager with the workload's optimizer fused (Adam(fused=True) by default): one kernel for the update"
     use_it = 'optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)'
     modes = ("train",)  # its difference is the optimizer
 
     def compile(self, model, example, device):
         return model
 
-    def make_optimizer(self, params, lr):
-        return torch.optim.Adam(params, lr=lr, fused=True)
+    def adapt_optimizer(self, optimizer):
+        return rebuild_optimizer(optimizer, fused=True)
 
 
 class ChannelsLast(ChannelsLastInput):

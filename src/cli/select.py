@@ -9,9 +9,9 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
-from ..core.config import WorkloadSpec
+from ..core.config import RecipeInfo, WorkloadSpec
 from .parser import WORKLOAD_OPTION_FLAGS, UsageError, did_you_mean
 
 #: Where a run's report goes when --output doesn't say: outside any committed reports/ folder.
@@ -163,7 +163,33 @@ def workload(args: argparse.Namespace, registry) -> WorkloadSpec:
         raise UsageError(f"{label}: {exc.message}" if label else f"--workload-option {exc}") from None
     except WorkloadError as exc:
         raise UsageError(f"--workload {args.workload}: {exc}") from None
-    return WorkloadSpec(found.name, options, found.sample_unit, throughput_unit(found), units)
+    try:
+        recipe = recipe_info(found, options)
+    except (WorkloadError, ValueError, TypeError) as exc:
+        raise UsageError(f"--workload {args.workload}: {exc}") from None
+    return WorkloadSpec(found.name, options, found.sample_unit, throughput_unit(found), units, recipe)
+
+
+def recipe_info(workload: Any, options: Mapping[str, Any]) -> RecipeInfo:
+    """What the report says of the workload's recipe: its optimizer and scheduler built once over
+    a stand-in parameter (so a factory that can't build them fails here, before any cell)."""
+    import torch
+
+    from ..workloads.base import describe_optimizer, recipe_of
+
+    recipe = recipe_of(workload, options)
+    params = [torch.nn.Parameter(torch.zeros(1))]
+    try:
+        optimizer = recipe.optimizer(params) if recipe.optimizer else torch.optim.Adam(params)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"returned {type(optimizer).__name__}; expected a torch.optim.Optimizer")
+        described = describe_optimizer(optimizer)  # before a scheduler sets its first values (OneCycleLR's)
+        scheduler = recipe.scheduler(optimizer) if recipe.scheduler else None
+    except Exception as exc:
+        raise ValueError(f"the recipe's optimizer or scheduler raised {type(exc).__name__}: {exc}") from exc
+    return RecipeInfo(described if recipe.optimizer else "",
+                      type(scheduler).__name__ if scheduler is not None else "",
+                      None if recipe.clip_grad_norm is None else float(recipe.clip_grad_norm), recipe.accumulation_steps)
 
 
 def _option_value(item: str, workload: Any) -> tuple[str, Any]:

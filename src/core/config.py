@@ -82,17 +82,43 @@ DISTRIBUTED = "distributed (each cell a torchrun job under DistributedDataParall
 
 
 @dataclass(frozen=True)
+class RecipeInfo:
+    """The workload's training recipe as the report names it (``workloads.base.Recipe`` holds the
+    callables; this is what crosses to the parent and into the JSON). ``optimizer`` is the
+    class with the hyperparameters it sets (``SGD(lr=0.1, momentum=0.9)``), "" for the
+    harness's default, Adam at the config's ``lr``; ``scheduler`` the scheduler's class ("" for
+    none)."""
+
+    optimizer: str = ""
+    scheduler: str = ""
+    clip_grad_norm: Optional[float] = None
+    accumulation_steps: int = 1
+
+    def describe(self, lr: float) -> str:
+        """One line: ``SGD(lr=0.1, momentum=0.9), OneCycleLR every step, clip_grad_norm 1``."""
+        parts = [self.optimizer or f"Adam(lr={lr:g}) (the default)"]
+        if self.scheduler:
+            parts.append(f"{self.scheduler} every step")
+        if self.clip_grad_norm is not None:
+            parts.append(f"clip_grad_norm {self.clip_grad_norm:g}")
+        if self.accumulation_steps > 1:
+            parts.append(f"{self.accumulation_steps} micro-batches per step")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
 class WorkloadSpec:
     """Which workload a run trains, with every option's value (defaults filled in when the
-    workload is resolved, ``workloads.base.resolve_options``), the unit of one sample, and what
+    workload is resolved, ``workloads.base.resolve_options``), the unit of one sample, what
     throughput counts: ``units_per_sample`` of ``throughput_unit`` per sample (tokens per
-    sequence; 1 and the sample unit itself for most workloads)."""
+    sequence; 1 and the sample unit itself for most workloads), and its training recipe."""
 
     name: str = DEFAULT_WORKLOAD
     options: Mapping[str, Any] = field(default_factory=dict)
     sample_unit: str = "sample"
     throughput_unit: str = ""
     units_per_sample: int = 1
+    recipe: RecipeInfo = RecipeInfo()
 
     @property
     def unit(self) -> str:
@@ -118,7 +144,7 @@ class RunConfig:
     #: ``--backend-option NAME:KEY=VALUE``: per backend, the options its ``configure`` takes
     #: (e.g. ``torch.compile``'s ``options`` for a ``dynamo:*`` backend). Part of what is measured.
     backend_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    mode: str = option("train", "--mode", "train: forward, loss, backward and Adam per step; inference: one "
+    mode: str = option("train", "--mode", "train: forward, loss, backward and the workload's optimizer per step; inference: one "
                        "forward of the eval-mode model under inference_mode, with latency percentiles",
                        choices=MODES)
     batch_size: int = option(128, "--batch-size", "samples per step", minimum=1)

@@ -108,6 +108,28 @@ class Parity:
 
 
 @dataclass
+class CompilePhases:
+    """Where a cell's compile time went, in seconds, from torch's own compile metrics
+    (``torch._dynamo.utils.get_compilation_metrics``), over every compile of the cell up to the end
+    of its measured steps (recompiles included), each phase exclusive of the next:
+
+    ``dynamo_s``: dynamo's bytecode tracing and guards (a frame's compile less its backend's);
+    ``aot_autograd_s``: AOT autograd's tracing of the joint graph and its partition (the backend's
+    compile less inductor's, the lazy backward's likewise); ``inductor_s``: inductor's lowering and
+    graph passes (less its code generation); ``codegen_s``: inductor's code generation and the
+    compilation of the generated C++ or Triton; ``autotune_s``: kernel autotuning where torch
+    timed it (null where it reports none). ``compiles``: the compile events summed (frames, the
+    lazy backward's)."""
+
+    dynamo_s: float
+    aot_autograd_s: float
+    inductor_s: float
+    codegen_s: float
+    autotune_s: Optional[float]
+    compiles: int
+
+
+@dataclass
 class DynamoStats:
     """What dynamo did in the cell (``cell/diagnostics.py``); absent when it never ran.
 
@@ -126,6 +148,7 @@ class DynamoStats:
     warnings: list[str] = field(default_factory=list)
     cudagraph_skips: Optional[int] = None
     cudagraphs_recorded: Optional[int] = None
+    compile_phases: Optional[CompilePhases] = None
 
 
 @dataclass

@@ -47,7 +47,9 @@ from .stats import StepStats
 #: 12: the stopping rule: the config's ``target`` is null unless ``--target`` asked for every row
 #: precise; each round's ``ended_s``; the device verdict's ``confidence`` (every test of it),
 #: ``tested_ci``, ``undecided_between`` and ``rounds_to_separate``.
-SCHEMA_VERSION = 12
+#: 13: the workload's training recipe (``config.workload.recipe``: optimizer, scheduler,
+#: clip_grad_norm, accumulation_steps); older files read as the default recipe, Adam at ``lr``.
+SCHEMA_VERSION = 13
 
 #: Environment keys that must match for two runs to be comparable cell by cell.
 #: (The thread count is the config's, compared there.)
@@ -174,7 +176,9 @@ class RunReport:
         self._derive()
 
     def _derive(self) -> None:
-        stats.derive(self.results, self.config.batch_size * self.config.workload.units_per_sample,
+        # One timed step is one optimizer step: every micro-batch of an accumulating recipe counts.
+        w = self.config.workload
+        stats.derive(self.results, self.config.batch_size * w.recipe.accumulation_steps * w.units_per_sample,
                      latency=self.config.mode == "inference", target_pct=self.config.target)
         self.verdicts = {device: stats.verdict(device, self.rows(device), self.config.rounds) for device in self.devices()}
 

@@ -1,13 +1,16 @@
 """What the harness requires of a workload, and the helpers that read its optional members.
 
 A workload is what every backend trains, the same for all of them: a model,
-a seeded batch and a loss. The harness owns everything else: seeding, the
-device and dtype, sharding a batch among DDP ranks, the optimizer and the
-step protocol (``core/cell/training.py``).
+a seeded batch, a loss and its training recipe (``Recipe``: the optimizer, the LR scheduler,
+gradient clipping, gradient accumulation). The harness owns everything else: seeding, the
+device and dtype, sharding a batch among DDP ranks and the step protocol
+(``core/cell/training.py``), which follows the recipe in every cell and in the parity reference.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Protocol
+import inspect
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Protocol
 
 if TYPE_CHECKING:  # torch is imported lazily: `cnncompare --help` should not pay for it
     import torch
@@ -58,6 +61,8 @@ class Workload(Protocol):
         for a sequence of tokens).
     ``units_per_sample(options) -> int`` [``1``]
         How many ``throughput_unit`` one sample holds (the sequence length).
+    ``recipe(options) -> Recipe`` [``Recipe()``: Adam at ``--lr``, nothing else]
+        How the workload trains: its optimizer, scheduler, clipping and accumulation.
     """
 
     name: str
@@ -73,6 +78,74 @@ class Workload(Protocol):
 
     def loss(self, output: "torch.Tensor", targets: "torch.Tensor") -> "torch.Tensor":
         ...
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a workload trains, followed by every backend's cell and by the float64 reference.
+
+    ``optimizer(params) -> torch.optim.Optimizer``
+        Builds the optimizer over the parameters a backend trains (``None``: Adam at ``--lr``).
+        A backend that changes the optimizer (``fused=True``, a tensor learning rate) rebuilds
+        this one with its change (``backends.base.rebuild_optimizer``).
+    ``scheduler(optimizer) -> LR scheduler`` [none]
+        Built over the optimizer the backend trains with; stepped after every optimizer step.
+    ``clip_grad_norm`` [none]
+        ``torch.nn.utils.clip_grad_norm_`` of the trained parameters to this norm, after the
+        backward and before the optimizer step.
+    ``accumulation_steps`` [1]
+        Micro-batches per optimizer step: each of ``--batch-size`` samples, its loss divided by
+        this many before its backward. One timed step is one optimizer step, so it trains on
+        ``batch_size * accumulation_steps`` samples (throughput counts them all).
+    """
+
+    optimizer: Optional[Callable[..., Any]] = None
+    scheduler: Optional[Callable[..., Any]] = None
+    clip_grad_norm: Optional[float] = None
+    accumulation_steps: int = 1
+
+    def check(self, owner: str) -> None:
+        """Raise ``ValueError`` naming what ``owner``'s recipe gets wrong."""
+        for name in ("optimizer", "scheduler"):
+            if getattr(self, name) is not None and not callable(getattr(self, name)):
+                raise ValueError(f"{owner}: {name} must be a callable, got {type(getattr(self, name)).__name__}")
+        clip = self.clip_grad_norm
+        if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip > 0):
+            raise ValueError(f"{owner}: clip_grad_norm must be a positive number or None, got {clip!r}")
+        steps = self.accumulation_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"{owner}: accumulation_steps must be a positive int, got {steps!r}")
+
+
+def recipe_of(workload: Any, options: Mapping[str, Any]) -> Recipe:
+    """The workload's ``Recipe`` for ``options`` (``Recipe()`` where it declares none), checked."""
+    member = getattr(workload, "recipe", None)
+    found = Recipe() if member is None else member(options)
+    if not isinstance(found, Recipe):
+        raise ValueError(f"workload {workload.name!r}: recipe() returned {type(found).__name__}; expected "
+                         f"cnncompare.Recipe")
+    found.check(f"workload {workload.name!r}")
+    return found
+
+
+def describe_optimizer(optimizer: Any) -> str:
+    """``SGD(lr=0.1, momentum=0.9)``: the class and every hyperparameter its first group sets
+    away from the class's own default (a tensor learning rate as its value)."""
+    cls = type(optimizer)
+    try:
+        defaults = {p.name: p.default for p in inspect.signature(cls).parameters.values()}
+    except (TypeError, ValueError):
+        defaults = {}
+    group = optimizer.param_groups[0] if optimizer.param_groups else {}
+    shown = []
+    for key, value in group.items():
+        if key == "params" or key not in defaults:
+            continue
+        if hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:
+            value = value.item()
+        if value != defaults[key]:
+            shown.append(f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}")
+    return f"{cls.__name__}({', '.join(shown)})"
 
 
 class OptionError(ValueError):

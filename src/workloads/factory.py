@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
-from .base import OPTION_TYPES
+from .base import OPTION_TYPES, Recipe
 
 
 class WorkloadError(Exception):
@@ -34,11 +34,17 @@ class WorkloadError(Exception):
 
 @dataclass
 class ModelSpec:
-    """What a factory returns when a tuple is not enough (to name the sample unit).
+    """What a factory returns when a tuple is not enough (to name the sample unit, or to train
+    with a recipe of its own).
 
     ``make_batch(n, generator, device) -> (inputs, targets)``; ``loss`` None means cross-entropy
     for integer targets, else mean squared error. ``throughput_unit`` and ``units_per_sample``
-    count something finer than a sample (tokens of a sequence); by default, samples."""
+    count something finer than a sample (tokens of a sequence); by default, samples.
+
+    The training recipe (``workloads.base.Recipe`` says how each is followed): ``optimizer``
+    (parameters -> optimizer; None: Adam at ``--lr``), ``scheduler`` (optimizer -> LR scheduler,
+    stepped after every optimizer step; None: none), ``clip_grad_norm`` (None: no clipping) and
+    ``accumulation_steps`` (micro-batches per optimizer step)."""
 
     model: Any
     make_batch: Callable[..., Any]
@@ -46,6 +52,14 @@ class ModelSpec:
     sample_unit: str = "sample"
     throughput_unit: Optional[str] = None
     units_per_sample: int = 1
+    optimizer: Optional[Callable[..., Any]] = None
+    scheduler: Optional[Callable[..., Any]] = None
+    clip_grad_norm: Optional[float] = None
+    accumulation_steps: int = 1
+
+    @property
+    def recipe(self) -> Recipe:
+        return Recipe(self.optimizer, self.scheduler, self.clip_grad_norm, self.accumulation_steps)
 
 
 def default_loss(output: Any, targets: Any) -> Any:
@@ -115,6 +129,9 @@ class FactoryWorkload:
         built = self._call(options)  # a fresh model from the harness's seed
         self._built[tuple(sorted(options.items()))] = built
         return built.model
+
+    def recipe(self, options: Mapping[str, Any]) -> Recipe:
+        return self.spec_for(options).recipe
 
     def make_batch(self, options: Mapping[str, Any], n: int, generator: Any, device: Any) -> Any:
         batch = self.spec_for(options).make_batch(n, generator, device)
@@ -194,4 +211,8 @@ def _as_spec(result: Any, attr: str) -> ModelSpec:
         raise WorkloadError(f"{attr}()'s loss is not callable")
     if not isinstance(result.units_per_sample, int) or result.units_per_sample < 1:
         raise WorkloadError(f"{attr}()'s units_per_sample must be a positive int, got {result.units_per_sample!r}")
+    try:
+        result.recipe.check(f"{attr}()")
+    except ValueError as exc:
+        raise WorkloadError(str(exc)) from None
     return result

@@ -1,8 +1,9 @@
-"""Why a compiled step is as fast as it is: dynamo's graphs, breaks and recompiles.
+"""Why a compiled step is as fast as it is: dynamo's graphs, breaks and recompiles, and where the
+compile time went.
 
 Read from ``torch._dynamo.utils.counters`` (graphs, graph breaks and their
-reasons, frames) and dynamo's compile-start callbacks (a compile id ``f/n``
-with ``n > 0`` is a recompilation of frame ``f``). The child is a fresh
+reasons, frames), dynamo's compile-start callbacks (a compile id ``f/n``
+with ``n > 0`` is a recompilation of frame ``f``) and torch's compile metrics (``compile_phases``). The child is a fresh
 process, so the counters belong to its cell alone; they are read right after
 the measured steps, before the parity check compiles anything again.
 """
@@ -12,7 +13,7 @@ import logging
 import sys
 from typing import Any, Optional
 
-from ..records import DynamoStats
+from ..records import CompilePhases, DynamoStats
 
 
 class DynamoWatch:
@@ -79,6 +80,7 @@ class DynamoWatch:
             break_reasons=[f"{reason.strip().splitlines()[0][:200]} (x{n})"
                            for reason, n in sorted(breaks.items(), key=lambda kv: -kv[1])[:5]],
             warnings=self.fallback_messages[:5],
+            compile_phases=compile_phases(),
         )
         if "torch._inductor" in sys.modules and cuda_index is not None:
             # Whether CUDA graphs were really used: a mode that asks for them can still skip
@@ -86,6 +88,38 @@ class DynamoWatch:
             result.cudagraph_skips = int(counters["inductor"].get("cudagraph_skips", 0))
             result.cudagraphs_recorded = cudagraphs_recorded(cuda_index)
         return result
+
+
+def compile_phases() -> Optional[CompilePhases]:
+    """The cell's compile time by phase (``records.CompilePhases``), from torch's compile metrics;
+    None where this torch records none (or their fields have moved)."""
+    try:
+        from torch._dynamo import utils
+
+        events = list(utils.get_compilation_metrics())
+        timed = dict(utils.compilation_time_metrics)
+    except Exception:
+        return None
+    if not events:
+        return None
+
+    def us(event: Any, name: str) -> float:
+        return float(getattr(event, name, None) or 0) / 1e6
+
+    dynamo = aot = inductor = codegen = 0.0
+    for e in events:
+        frame, backward = us(e, "dynamo_cumulative_compile_time_us"), us(e, "backward_cumulative_compile_time_us")
+        backend, lowering, gen = (us(e, "aot_autograd_cumulative_compile_time_us"),
+                                  us(e, "inductor_cumulative_compile_time_us"),
+                                  us(e, "inductor_code_gen_cumulative_compile_time_us"))
+        # Each total holds the next (a frame's compile holds its backend's, which holds inductor's):
+        # the differences are each phase's own. A lazy backward's compile has no dynamo part.
+        dynamo += max(frame - backend, 0.0)
+        aot += max((backend or backward) - lowering, 0.0)
+        inductor += max(lowering - gen, 0.0)
+        codegen += gen
+    autotune = [sum(v) for k, v in timed.items() if "autotune" in k.lower()]
+    return CompilePhases(dynamo, aot, inductor, codegen, sum(autotune) if autotune else None, len(events))
 
 
 def cudagraphs_recorded(device_index: int) -> Optional[int]:

@@ -25,6 +25,7 @@ An out-of-memory error in any phase is ``oom``.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import os
 import sys
@@ -47,7 +48,7 @@ from .rank import Rank
 from .roofline import roofline
 from .serve import serve as serve_steps
 from .timing import timed, timed_steps
-from .training import EXAMPLE, Job, OutputLog, make_inference_step, make_optimizer, make_train_step, step_seed, trained_parameters
+from .training import EXAMPLE, Job, OutputLog, make_inference_step, make_train_step, step_seed, trained_parameters, with_scheduler
 
 ERROR_TAIL_LINES = 15
 
@@ -128,14 +129,43 @@ def _prepare(backend: Any, job: Job, device: torch.device, rank: Optional[Rank] 
     if job.inference:
         return model, forward, make_inference_step(forward, lambda: base.inference_context(backend)), compile_s
     params = trained_parameters(forward, model)
-    maker = base.optimizer_maker(backend)
-    optimizer = maker(params, job.config.lr) if maker else make_optimizer(params, job.config.lr)
-    step = (base.step_maker(backend) or make_train_step)(forward, optimizer, job.loss)
+    optimizer = _optimizer(backend, job, params)
+    step = _train_step(backend, job, forward, optimizer, params)
     compile_step = base.step_compiler(backend)
     if compile_step is not None:
         step, step_s = timed(lambda: compile_step(step, x, device), device)
         compile_s += step_s
-    return model, forward, step, compile_s
+    return model, forward, with_scheduler(step, job.make_scheduler(optimizer)), compile_s
+
+
+def _optimizer(backend: Any, job: Job, params: list) -> torch.optim.Optimizer:
+    """The workload's optimizer with the backend's change (``adapt_optimizer``); a backend of
+    the older contract builds its own Adam (``make_optimizer``) where the recipe keeps Adam."""
+    legacy = base.optimizer_maker(backend)
+    if legacy is not None and base.optimizer_adapter(backend) is None:
+        if job.recipe.optimizer is not None:
+            raise base.NotApplicable("it builds its own Adam (make_optimizer), and the workload trains with an "
+                                     "optimizer of its own (the backend needs adapt_optimizer)")
+        return legacy(params, job.config.lr)
+    optimizer = job.make_optimizer(params)
+    adapt = base.optimizer_adapter(backend)
+    return adapt(optimizer) if adapt is not None else optimizer
+
+
+def _train_step(backend: Any, job: Job, forward: Callable, optimizer: torch.optim.Optimizer, params: list) -> Callable:
+    """The harness's train step, or the backend's own (``make_train_step``) given the recipe
+    where it takes it; one that can't take it is not applicable to a recipe that clips or
+    accumulates (it would silently skip them)."""
+    own = base.step_maker(backend)
+    if own is None:
+        return make_train_step(forward, optimizer, job.loss, job.recipe, params)
+    taken = inspect.signature(own).parameters
+    if "recipe" in taken and "params" in taken:
+        return own(forward, optimizer, job.loss, recipe=job.recipe, params=params)
+    if job.recipe.clip_grad_norm is not None or job.recipe.accumulation_steps > 1:
+        raise base.NotApplicable("its own train step (make_train_step) takes no recipe, and this workload's clips "
+                                 "gradients or accumulates micro-batches")
+    return own(forward, optimizer, job.loss)
 
 
 def _no_phase(name: str, done: int, total: int) -> None:

@@ -51,7 +51,7 @@ from ...workloads.factory import WorkloadError
 from ..fileio import write_atomic
 from ..records import ReferencePlan
 from .parity import UNIT_ROUNDOFF
-from .training import Job, make_optimizer, output_tensors, step_seed, summary
+from .training import Job, micro_batches, output_tensors, step_seed, summary
 
 #: Relative amplitude of the perturbed fp32 runs: 256 fp32 ulps (2^-16). Whether a few Adam
 #: steps flip a near-zero gradient's sign is a threshold: measured on the ResNet at batch 2, 16
@@ -225,7 +225,10 @@ def trajectory(job: Job, device: torch.device, dtype: torch.dtype, steps: int, s
             if k in snap_at:
                 state.update((key, v.clone()) for key, v in output_snapshot(model, model, out, k).items())
         return state, losses
-    optimizer = make_optimizer(model.parameters(), job.config.lr)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = job.make_optimizer(params)
+    scheduler = job.make_scheduler(optimizer)
+    count, clip = job.recipe.accumulation_steps, job.recipe.clip_grad_norm
     tensors: list[torch.Tensor] = []
     for k in range(1, steps + 1):
         if random:
@@ -234,19 +237,23 @@ def trajectory(job: Job, device: torch.device, dtype: torch.dtype, steps: int, s
         total = torch.zeros((), dtype=dtype, device=device)
         rank0_buffers: Optional[list[torch.Tensor]] = None
         for shard, pool in enumerate(pools):
-            x, y = pool[(k - 1) % len(pool)]
-            with computing_in(precision, device):
-                out = model(x)
-            loss = job.loss(out.to(dtype) if isinstance(out, torch.Tensor) else out, y) / shards
-            loss.backward()
-            total += loss.detach()
+            for x, y in micro_batches(*pool[(k - 1) % len(pool)], count):
+                with computing_in(precision, device):
+                    out = model(x)
+                loss = job.loss(out.to(dtype) if isinstance(out, torch.Tensor) else out, y) / (shards * count)
+                loss.backward()
+                total += loss.detach()
             if shards > 1 and shard == 0:
                 rank0_buffers = [b.detach().clone() for b in model.buffers()]
         if rank0_buffers is not None:
             with torch.no_grad():
                 for b, kept in zip(model.buffers(), rank0_buffers):
                     b.copy_(kept)
+        if clip is not None:  # of the averaged gradients, as each DDP rank clips after the all-reduce
+            torch.nn.utils.clip_grad_norm_(params, clip)
         optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
         tensors.append(total)
         losses.append(total.item())
         if k in snap_at:

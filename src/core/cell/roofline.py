@@ -29,7 +29,7 @@ _CONV_OPS = ("convolution",)
 
 def step_gflop(job: Job, device: torch.device) -> tuple[float, float]:
     """(GFLOP of one step, the share of them in convolutions), by torch.utils.flop_counter:
-    forward + backward in training (Adam's elementwise update is not counted, as flop counters
+    forward + backward in training (the optimizer's elementwise update is not counted, as flop counters
     count matmul-class ops), the eval-mode forward in inference."""
     from torch.utils.flop_counter import FlopCounterMode
 

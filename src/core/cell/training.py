@@ -1,6 +1,8 @@
 """The step protocol every backend is measured on: the workload's seeded model and batches on a
-device, the optimizer, and one training step (forward, loss, zero_grad, backward, Adam); in
-inference (``--mode inference``) one forward of the eval-mode model (docs/inference.md).
+device, its recipe's optimizer and scheduler, and one training step (per micro-batch: forward,
+loss, backward; then gradient clipping, the optimizer step and the scheduler step, as the
+workload's ``Recipe`` says); in inference (``--mode inference``) one forward of the eval-mode
+model (docs/inference.md).
 
 Everything a backend trains is made here and only here, so every backend
 trains exactly the same thing: the same model, and the same sequence of batches, a new one
@@ -13,12 +15,12 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
 
-from ...workloads.base import resolve_options
+from ...workloads.base import Recipe, recipe_of, resolve_options
 from ...workloads.factory import WorkloadError
 from ..config import RunConfig
 
@@ -58,9 +60,30 @@ class Job:
     workload: Any
     config: RunConfig
     options: dict = field(init=False)
+    recipe: Recipe = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "options", resolve_options(self.workload, self.config.workload.options))
+        with self._naming("recipe"):
+            object.__setattr__(self, "recipe", recipe_of(self.workload, self.options))
+
+    def make_optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        """The recipe's optimizer over ``params`` (Adam at the config's ``lr`` by default)."""
+        if self.recipe.optimizer is None:
+            return torch.optim.Adam(params, lr=self.config.lr)
+        with self._naming("the recipe's optimizer"):
+            optimizer = self.recipe.optimizer(params)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise WorkloadError(f"workload {self.workload.name!r}: the recipe's optimizer returned "
+                                f"{type(optimizer).__name__}; expected a torch.optim.Optimizer")
+        return optimizer
+
+    def make_scheduler(self, optimizer: torch.optim.Optimizer) -> Any:
+        """The recipe's LR scheduler over ``optimizer``, or None."""
+        if self.recipe.scheduler is None:
+            return None
+        with self._naming("the recipe's scheduler"):
+            return self.recipe.scheduler(optimizer)
 
     @property
     def inference(self) -> bool:
@@ -85,13 +108,14 @@ class Job:
         """Batch ``index`` of the run's seeded sequence (``EXAMPLE`` for the compile example),
         generated on ``device``.
 
-        Under DDP the global batch is ``shards * batch_size`` samples and rank
-        ``shard`` trains on its slice (weak scaling: ``batch_size`` per rank).
+        One step's batch holds the recipe's ``accumulation_steps`` micro-batches of ``batch_size``
+        samples each (the step splits it, ``micro_batches``). Under DDP the global batch is
+        ``shards`` times that and rank ``shard`` trains on its slice (weak scaling).
         With one shard the batch is the single-process one, number for number.
         Floating-point inputs are cast to ``dtype``.
         """
         gen = torch.Generator(device=device).manual_seed(self.config.seed * 7919 + index + 1)
-        n = self.config.batch_size
+        n = self.config.batch_size * self.recipe.accumulation_steps
         with self._naming("make_batch"):
             x, y = self.workload.make_batch(self.options, n * shards, gen, device)
         part = slice(shard * n, (shard + 1) * n)
@@ -149,31 +173,61 @@ def seed_normalization(model: nn.Module, seed: int) -> None:
                 module.bias.copy_(torch.randn(module.bias.shape, generator=gen) * BIAS_STD)
 
 
-def make_optimizer(params, lr: float) -> torch.optim.Optimizer:
-    return torch.optim.Adam(params, lr=lr)
-
-
 def trained_parameters(compiled: Callable, model: nn.Module) -> list[nn.Parameter]:
     """The parameters the compiled callable trains (its own if it is a Module)."""
     owner = compiled if isinstance(compiled, nn.Module) else model
     return [p for p in owner.parameters() if p.requires_grad]
 
 
-def make_train_step(forward: Callable, optimizer: torch.optim.Optimizer, loss_fn: Callable) -> Callable:
-    """The protocol: forward, the workload's loss, zero_grad, backward, Adam step; returns the loss.
+def micro_batches(x: torch.Tensor, y: torch.Tensor, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One step's batch as its ``count`` micro-batches (views along the first dimension)."""
+    if count == 1:
+        return [(x, y)]
+    return list(zip(x.chunk(count), y.chunk(count)))
+
+
+def make_train_step(forward: Callable, optimizer: torch.optim.Optimizer, loss_fn: Callable,
+                    recipe: Recipe = Recipe(), params: Sequence[nn.Parameter] = ()) -> Callable:
+    """The protocol: per micro-batch forward, the workload's loss (divided by the micro-batch
+    count), backward (zero_grad before the first); then ``clip_grad_norm_`` of ``params`` where
+    the recipe clips, and the optimizer step. Returns the step's loss (the micro-batches' sum).
 
     The loss is returned as a tensor: reading it (``.item()``) would
-    synchronise the device inside the timed region.
+    synchronise the device inside the timed region. The scheduler is not stepped here
+    (``with_scheduler``): a backend that compiles this step compiles what the user would.
     """
+    count, clip = recipe.accumulation_steps, recipe.clip_grad_norm
 
     def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        loss = loss_fn(forward(x), y)
-        optimizer.zero_grad()
-        loss.backward()
+        total: Any = 0
+        for i, (xi, yi) in enumerate(micro_batches(x, y, count)):
+            loss = loss_fn(forward(xi), yi)
+            if count > 1:
+                loss = loss / count
+            if i == 0:
+                optimizer.zero_grad()
+            loss.backward()
+            total = loss.detach() + total if i else loss.detach()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(params, clip)
         optimizer.step()
-        return loss.detach()
+        return total
 
     return train_step
+
+
+def with_scheduler(step: Callable, scheduler: Any) -> Callable:
+    """``step`` followed by ``scheduler.step()``, as a training loop steps it after every
+    optimizer step; ``step`` itself where there is no scheduler."""
+    if scheduler is None:
+        return step
+
+    def scheduled(x: torch.Tensor, y: torch.Tensor) -> Any:
+        loss = step(x, y)
+        scheduler.step()
+        return loss
+
+    return scheduled
 
 
 def make_inference_step(forward: Callable, grad_mode: Callable[[], Any]) -> Callable:

@@ -109,7 +109,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("CUDA peak alloc steady / one-off, reserved (MB)", "`torch.cuda.max_memory_allocated` over the measured "
            "steps and over compile, first step and warm-up; `max_memory_reserved` over the cell (CUDA devices "
            "only). Neither counts the CUDA context."),
-    Column("achieved GFLOP/s, % of peak", "the step's FLOPs (`torch.utils.flop_counter`; Adam's elementwise update "
+    Column("achieved GFLOP/s, % of peak", "the step's FLOPs (`torch.utils.flop_counter`; the optimizer's elementwise update "
            "is not counted) ÷ the step time (**step (s)**), against the best rate of a matmul probe on the same "
            "device (1024² on the CPU, 8192² on CUDA; "
            "best of 10) in the precision the step's FLOPs run in (in brackets): fp32; for fp32 rows on CUDA, TF32 or fp32 for the "
@@ -127,6 +127,12 @@ COLUMNS: tuple[Column, ...] = (
     Column("dynamo graphs / breaks / recompiles", "what `torch.compile` captured during the cell: graphs, graph "
            "breaks (the reasons are in the JSON) and recompiles; \"fell back to eager\" where dynamo captured "
            "nothing or hit its recompile limit. On CUDA, the CUDA graphs inductor recorded and skipped."),
+    Column("compile phases (s): dynamo / AOT / inductor / codegen", "where the cell's compile time went, from "
+           "torch's own compile metrics over every compile up to the end of the measured steps (recompiles "
+           "included), each phase without the next: dynamo's tracing and guards; AOT autograd's joint graph and "
+           "partition; inductor's lowering and passes; inductor's code generation and the compilation of the "
+           "generated C++ or Triton (with the wait on its workers); kernel autotuning in brackets where torch timed "
+           "it. The JSON has them per row under `dynamo.compile_phases`."),
     Column("compile cache", "`cold` by default (a fresh inductor cache per cell); `--compile-cache warm` runs each "
            "cell twice sharing its cache and reports the warm run, the cold times beside it."),
     Column("compile workers (peak RSS)", "inductor's compile workers in the cell (torch's own count unless "

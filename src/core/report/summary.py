@@ -38,13 +38,16 @@ def setup_rows(report: RunReport) -> list[tuple[str, str]]:
     gpus = ", ".join(g["name"] for g in env.get("gpus") or [])
     workload = config.workload
     options = ", ".join(f"{k} {v}" for k, v in workload.options.items())
+    recipe = workload.recipe
     step = ("inference: one forward of the eval-mode model per step" if config.mode == "inference"
-            else "training: forward, loss, backward and Adam per step")
+            else "training: forward, loss, backward and the optimizer per step")
     rows = [
         ("machine", f"{md_cell(env.get('cpu'))}, {env.get('threads')} threads" + (f"; {md_cell(gpus)}" if gpus else "")),
         ("software", f"torch {md_cell(env.get('torch'))}, cnncompare {md_cell(env.get('cnncompare'))}"),
         ("workload", f"**{md_cell(workload.name)}**" + (f" ({md_cell(options)})" if options else "") + f"; {step}"),
-        ("batch", f"{config.batch_size} {md_cell(plural(workload.sample_unit, config.batch_size))}"),
+        ("batch", f"{config.batch_size} {md_cell(plural(workload.sample_unit, config.batch_size))}"
+                  + (f" per micro-batch, {recipe.accumulation_steps} per step" if recipe.accumulation_steps > 1 else "")),
+        *([] if config.mode == "inference" else [("recipe", md_cell(recipe.describe(config.lr)))]),
         ("measured", _protocol(report)),
         ("started", md_cell(report.started_at or env.get("date", ""))),
     ]

@@ -13,7 +13,7 @@ from typing import Any, Optional
 from tabulate import tabulate
 
 from ..config import RunConfig
-from ..records import Status
+from ..records import CompilePhases, Status
 from ..results import CellResult
 from ..stats import measured_precision, one_off_peak
 from .formatting import break_even, margin, md_cell, num, per_s, speedup, step_time
@@ -132,6 +132,11 @@ def _faults(value: Optional[float]) -> str:
     return "–" if value is None else f"{value / 1000:.0f}k" if value >= 10_000 else f"{value:.0f}"
 
 
+def _phases(p: CompilePhases) -> str:
+    text = f"{p.dynamo_s:.2f} / {p.aot_autograd_s:.2f} / {p.inductor_s:.2f} / {p.codegen_s:.2f}"
+    return text + (f" (autotune {p.autotune_s:.2f})" if p.autotune_s is not None else "")
+
+
 def diagnostics_table(results: list[CellResult]) -> Optional[str]:
     """Why each row is as fast as it is: distance to the hardware, memory, what dynamo did."""
     rows = []
@@ -146,6 +151,7 @@ def diagnostics_table(results: list[CellResult]) -> Optional[str]:
             if r.device.startswith("cuda") and d.cudagraph_skips is not None:
                 recorded = "?" if d.cudagraphs_recorded is None else d.cudagraphs_recorded
                 dyn += f"; CUDA graphs {recorded} recorded, {d.cudagraph_skips} skipped"
+        phases = "–" if d is None or d.compile_phases is None else _phases(d.compile_phases)
         cache = r.compile_cache or "–"
         if r.cold_compile_s is not None:
             cache += f" (cold: compile {num(r.cold_compile_s)} s, first step {num(r.cold_first_step_s)} s)"
@@ -157,14 +163,15 @@ def diagnostics_table(results: list[CellResult]) -> Optional[str]:
             _faults(r.page_faults_per_step),
             num(r.cpu_sys_s_per_step),
             md_cell(dyn),
+            phases,
             md_cell(cache),
             _workers(r),
         ])
     if not rows:
         return None
     headers = ["backend", "achieved GFLOP/s", "% of peak", "page faults / step", "kernel CPU s / step",
-               "dynamo graphs / breaks / recompiles", "compile cache",
-               "compile workers (peak RSS)"]
+               "dynamo graphs / breaks / recompiles", "compile phases (s): dynamo / AOT / inductor / codegen",
+               "compile cache", "compile workers (peak RSS)"]
     # Runs from before getrusage was recorded have no fault figures: drop those columns, not fill them with dashes.
     if all(row[3] == "–" and row[4] == "–" for row in rows):
         headers, rows = headers[:3] + headers[5:], [row[:3] + row[5:] for row in rows]

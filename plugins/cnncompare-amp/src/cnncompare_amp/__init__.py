@@ -99,19 +99,30 @@ class AmpFp16(_Autocast):
             return "fp16 autocast with a GradScaler is CUDA-only (use amp-bf16 on the CPU)"
         return super().unavailable_reason(device)
 
-    def make_train_step(self, forward, optimizer, loss_fn):
-        """The protocol with loss scaling: scaled backward, unscaled and inf-checked optimizer step."""
+    def make_train_step(self, forward, optimizer, loss_fn, recipe=None, params=()):
+        """The protocol with loss scaling: scaled backward per micro-batch, unscaled gradients
+        clipped where the workload's recipe clips, an inf-checked optimizer step."""
         # init_scale 2**10 rather than 2**16: a first step skipped for overflow would be a
         # different computation from eager's first step, and parity compares exactly that step.
         scaler = torch.amp.GradScaler("cuda", init_scale=2.0**10)
+        count = recipe.accumulation_steps if recipe is not None else 1
+        clip = recipe.clip_grad_norm if recipe is not None else None
 
         def train_step(x, y):
-            loss = loss_fn(forward(x), y)
-            optimizer.zero_grad()
-            scaler.scale(loss).backward()
+            total = 0
+            parts = [(x, y)] if count == 1 else list(zip(x.chunk(count), y.chunk(count)))
+            for i, (xi, yi) in enumerate(parts):
+                loss = loss_fn(forward(xi), yi) / count
+                if i == 0:
+                    optimizer.zero_grad()
+                scaler.scale(loss).backward()
+                total = loss.detach() + total
+            if clip is not None:
+                scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+                torch.nn.utils.clip_grad_norm_(params, clip)
             scaler.step(optimizer)
             scaler.update()
-            return loss.detach()
+            return total
 
         return train_step
 

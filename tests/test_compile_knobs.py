@@ -1,0 +1,70 @@
+"""The knobs that trade compile cost against recompiles: compile-dynamic, compile-mark-dynamic,
+compile-regional, and where each row's compile time went (torch's compile metrics by phase)."""
+import pytest
+
+from _tiny import TINY
+from cnncompare.backends.inductor import CompileRegional, repeated_blocks
+from cnncompare.core.config import RunConfig, WorkloadSpec
+from cnncompare.core.records import Status
+from cnncompare.core.results import RunReport
+from cnncompare.core.run.devices import DeviceSlot
+from cnncompare.core.run.orchestrate import plan_cells, run_cells
+from cnncompare.plugins import load_registry
+
+TINY_TRANSFORMER = {"seq_len": 8, "vocab": 50, "d_model": 16, "heads": 2, "layers": 2, "ff": 32}
+
+
+def _model(name, **options):
+    workload = load_registry(entry_points=False).workloads[name]
+    return workload.build_model({**workload.options, **options})
+
+
+def test_repeated_blocks_are_the_outermost_instances_of_the_heaviest_repeated_class():
+    assert [type(b).__name__ for b in repeated_blocks(_model("resnet"))] == ["BasicBlock"] * 8
+    # The attention inside each layer repeats too; the layers hold more parameters and contain it.
+    assert [type(b).__name__ for b in repeated_blocks(_model("transformer"))] == ["TransformerEncoderLayer"] * 2
+    assert repeated_blocks(_model("seed-cnn")) == []  # its two Sequentials are containers, not blocks
+    assert len(repeated_blocks(_model("seed-cnn"), "Sequential")) == 2  # unless named
+
+
+def test_compile_regional_takes_only_a_class_name():
+    backend = CompileRegional()
+    backend.configure({"blocks": "BasicBlock"})
+    assert backend.blocks == "BasicBlock"
+    for wrong in ({"block": "X"}, {"blocks": 3}, {"blocks": "not a name"}):
+        with pytest.raises(ValueError):
+            backend.configure(wrong)
+
+
+def _run(workload: WorkloadSpec, backends) -> dict:
+    config = RunConfig(**{**TINY, "workload": workload, "backends": tuple(backends), "devices": ("cpu",)})
+    report = RunReport(environment={}, config=config)
+    run_cells(plan_cells(config, [DeviceSlot("cpu")]), config, load_registry(entry_points=False), report,
+              lambda rep: None)
+    return {r.backend: r for r in report.results}
+
+
+@pytest.mark.e2e
+def test_the_new_compile_backends_train_correctly_and_report_their_compile_phases():
+    rows = _run(WorkloadSpec("transformer", TINY_TRANSFORMER, "sequence", "token", 8),
+                ("eager", "compile-dynamic", "compile-mark-dynamic", "compile-regional"))
+    for name in ("compile-dynamic", "compile-mark-dynamic", "compile-regional"):
+        r = rows[name]
+        assert r.status is Status.OK and r.parity.passed, (name, r.error, r.error_tail)
+        assert r.dynamo is not None, name
+        phases = r.dynamo.compile_phases
+        assert phases is not None and phases.compiles >= 1, (name, phases)
+        assert phases.codegen_s > 0 and phases.dynamo_s > 0 and phases.aot_autograd_s > 0, (name, phases)
+        # Phases are parts of the compile, which the first step (compile is lazy) and the compile call hold.
+        parts = phases.dynamo_s + phases.aot_autograd_s + phases.inductor_s + phases.codegen_s
+        assert parts <= (r.compile_s + r.first_step_s) * 1.05, (name, parts, r.compile_s, r.first_step_s)
+    # The two identical layers share one compiled graph: regional compilation compiles once.
+    assert rows["compile-regional"].dynamo.graphs == 1
+    assert rows["eager"].dynamo is None
+
+
+@pytest.mark.e2e
+def test_compile_regional_is_skipped_with_the_reason_on_a_model_without_repeated_blocks():
+    rows = _run(TINY["workload"], ("eager", "compile-regional"))
+    r = rows["compile-regional"]
+    assert r.status is Status.SKIPPED and "no repeated blocks" in r.error and "blocks=CLASS" in r.error, r.error
