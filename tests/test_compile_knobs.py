@@ -4,14 +4,18 @@ import pytest
 
 from _tiny import TINY
 from cnncompare.backends.inductor import CompileRegional, repeated_blocks
+from cnncompare.cli.select import recipe_info
 from cnncompare.core.config import RunConfig, WorkloadSpec
 from cnncompare.core.records import Status
 from cnncompare.core.results import RunReport
 from cnncompare.core.run.devices import DeviceSlot
 from cnncompare.core.run.orchestrate import plan_cells, run_cells
 from cnncompare.plugins import load_registry
+from cnncompare.workloads import find
 
-TINY_TRANSFORMER = {"seq_len": 8, "vocab": 50, "d_model": 16, "heads": 2, "layers": 2, "ff": 32}
+#: A residual MLP with two blocks, trained with its own recipe (SGD, a schedule, clipping): the
+#: smallest model on which every new backend has something to do.
+BLOCKS = "tests/user_models/recipe.py:build"
 
 
 def _model(name, **options):
@@ -36,18 +40,21 @@ def test_compile_regional_takes_only_a_class_name():
             backend.configure(wrong)
 
 
-def _run(workload: WorkloadSpec, backends) -> dict:
-    config = RunConfig(**{**TINY, "workload": workload, "backends": tuple(backends), "devices": ("cpu",)})
+def _run(name: str, backends) -> dict:
+    registry = load_registry(entry_points=False)
+    workload, _ = find(name, registry.workloads)
+    registry.workloads[workload.name] = workload
+    options = {**workload.options, **(TINY["workload"].options if name == "seed-cnn" else {})}
+    spec = WorkloadSpec(workload.name, options, workload.sample_unit, "", 1, recipe_info(workload, options))
+    config = RunConfig(**{**TINY, "workload": spec, "backends": tuple(backends), "devices": ("cpu",)})
     report = RunReport(environment={}, config=config)
-    run_cells(plan_cells(config, [DeviceSlot("cpu")]), config, load_registry(entry_points=False), report,
-              lambda rep: None)
+    run_cells(plan_cells(config, [DeviceSlot("cpu")]), config, registry, report, lambda rep: None)
     return {r.backend: r for r in report.results}
 
 
 @pytest.mark.e2e
 def test_the_new_compile_backends_train_correctly_and_report_their_compile_phases():
-    rows = _run(WorkloadSpec("transformer", TINY_TRANSFORMER, "sequence", "token", 8),
-                ("eager", "compile-dynamic", "compile-mark-dynamic", "compile-regional"))
+    rows = _run(BLOCKS, ("eager", "compile-dynamic", "compile-mark-dynamic", "compile-regional"))
     for name in ("compile-dynamic", "compile-mark-dynamic", "compile-regional"):
         r = rows[name]
         assert r.status is Status.OK and r.parity.passed, (name, r.error, r.error_tail)
@@ -58,13 +65,13 @@ def test_the_new_compile_backends_train_correctly_and_report_their_compile_phase
         # Phases are parts of the compile, which the first step (compile is lazy) and the compile call hold.
         parts = phases.dynamo_s + phases.aot_autograd_s + phases.inductor_s + phases.codegen_s
         assert parts <= (r.compile_s + r.first_step_s) * 1.05, (name, parts, r.compile_s, r.first_step_s)
-    # The two identical layers share one compiled graph: regional compilation compiles once.
+    # The two identical blocks share one compiled graph: regional compilation compiles once.
     assert rows["compile-regional"].dynamo.graphs == 1
     assert rows["eager"].dynamo is None
 
 
 @pytest.mark.e2e
 def test_compile_regional_is_skipped_with_the_reason_on_a_model_without_repeated_blocks():
-    rows = _run(TINY["workload"], ("eager", "compile-regional"))
+    rows = _run("seed-cnn", ("eager", "compile-regional"))
     r = rows["compile-regional"]
     assert r.status is Status.SKIPPED and "no repeated blocks" in r.error and "blocks=CLASS" in r.error, r.error
