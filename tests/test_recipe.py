@@ -148,3 +148,15 @@ def test_clipping_off_lets_the_clip_skipping_backend_pass_and_micro_batches_are_
     for name in ("eager", "wrong-skips-clipping"):
         assert rows[name].status is Status.OK and rows[name].parity.passed, (name, rows[name].error)
     assert recipe_of(find(RECIPE, {})[0], {**find(RECIPE, {})[0].options, "accumulation": 2}).accumulation_steps == 2
+
+
+def test_a_step_holds_its_micro_batches_in_training_and_one_batch_in_inference():
+    from cnncompare.core.cell.training import Job
+
+    workload, _ = find(RECIPE, {})
+    options = {**workload.options, "accumulation": 3}
+    spec = WorkloadSpec(workload.name, options, "sample", "", 1, recipe_info(workload, options))
+    for mode, micro in (("train", 3), ("inference", 1)):
+        job = Job(workload, RunConfig(**{**TINY, "workload": spec, "mode": mode}))
+        x, y = job.batch(0, torch.device("cpu"))
+        assert job.micro_batches == micro and len(x) == len(y) == TINY["batch_size"] * micro

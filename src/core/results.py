@@ -176,10 +176,11 @@ class RunReport:
         self._derive()
 
     def _derive(self) -> None:
-        # One timed step is one optimizer step: every micro-batch of an accumulating recipe counts.
-        w = self.config.workload
-        stats.derive(self.results, self.config.batch_size * w.recipe.accumulation_steps * w.units_per_sample,
-                     latency=self.config.mode == "inference", target_pct=self.config.target)
+        # One timed training step is one optimizer step: every micro-batch of its recipe counts.
+        w, inference = self.config.workload, self.config.mode == "inference"
+        micro = 1 if inference else w.recipe.accumulation_steps
+        stats.derive(self.results, self.config.batch_size * micro * w.units_per_sample,
+                     latency=inference, target_pct=self.config.target)
         self.verdicts = {device: stats.verdict(device, self.rows(device), self.config.rounds) for device in self.devices()}
 
     def devices(self) -> list[str]:

@@ -48,7 +48,7 @@ from .rank import Rank
 from .roofline import roofline
 from .serve import serve as serve_steps
 from .timing import timed, timed_steps
-from .training import EXAMPLE, Job, OutputLog, make_inference_step, make_train_step, step_seed, trained_parameters, with_scheduler
+from .training import EXAMPLE, Job, OutputLog, make_inference_step, make_train_step, micro_batches, step_seed, trained_parameters, with_scheduler
 
 ERROR_TAIL_LINES = 15
 
@@ -108,8 +108,8 @@ def _prepare(backend: Any, job: Job, device: torch.device, rank: Optional[Rank] 
     Returns (model, forward, step, compile_s).
     """
     model = job.build_model(device)
-    x, _ = job.batch(EXAMPLE, device, *((rank.rank, rank.world) if rank else ()))
-    x = base.prepare_input(backend, x)
+    x, y = job.batch(EXAMPLE, device, *((rank.rank, rank.world) if rank else ()))
+    x = base.prepare_input(backend, micro_batches(x, y, job.micro_batches)[0][0])  # what one forward sees
 
     def compile_and_wrap():
         if job.inference:  # tracing, freezing and exporting want grad off (docs/inference.md)

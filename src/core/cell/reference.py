@@ -228,7 +228,7 @@ def trajectory(job: Job, device: torch.device, dtype: torch.dtype, steps: int, s
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = job.make_optimizer(params)
     scheduler = job.make_scheduler(optimizer)
-    count, clip = job.recipe.accumulation_steps, job.recipe.clip_grad_norm
+    count, clip = job.micro_batches, job.recipe.clip_grad_norm
     tensors: list[torch.Tensor] = []
     for k in range(1, steps + 1):
         if random:

@@ -86,6 +86,11 @@ class Job:
             return self.recipe.scheduler(optimizer)
 
     @property
+    def micro_batches(self) -> int:
+        """Micro-batches per step: the recipe's accumulation in training; one forward in inference."""
+        return 1 if self.inference else self.recipe.accumulation_steps
+
+    @property
     def inference(self) -> bool:
         return self.config.mode == "inference"
 
@@ -115,7 +120,7 @@ class Job:
         Floating-point inputs are cast to ``dtype``.
         """
         gen = torch.Generator(device=device).manual_seed(self.config.seed * 7919 + index + 1)
-        n = self.config.batch_size * self.recipe.accumulation_steps
+        n = self.config.batch_size * self.micro_batches
         with self._naming("make_batch"):
             x, y = self.workload.make_batch(self.options, n * shards, gen, device)
         part = slice(shard * n, (shard + 1) * n)

@@ -46,7 +46,8 @@ def setup_rows(report: RunReport) -> list[tuple[str, str]]:
         ("software", f"torch {md_cell(env.get('torch'))}, cnncompare {md_cell(env.get('cnncompare'))}"),
         ("workload", f"**{md_cell(workload.name)}**" + (f" ({md_cell(options)})" if options else "") + f"; {step}"),
         ("batch", f"{config.batch_size} {md_cell(plural(workload.sample_unit, config.batch_size))}"
-                  + (f" per micro-batch, {recipe.accumulation_steps} per step" if recipe.accumulation_steps > 1 else "")),
+                  + (f" per micro-batch, {recipe.accumulation_steps} per step"
+                     if recipe.accumulation_steps > 1 and config.mode != "inference" else "")),
         *([] if config.mode == "inference" else [("recipe", md_cell(recipe.describe(config.lr)))]),
         ("measured", _protocol(report)),
         ("started", md_cell(report.started_at or env.get("date", ""))),
