@@ -79,24 +79,35 @@ def test_a_factory_returning_a_wrong_recipe_fails_before_any_cell(tmp_path):
         find(f"{path}:build", {})
 
 
-def test_micro_batches_train_as_the_whole_batch_does():
-    """Accumulating k micro-batches, each loss divided by k, is one step on their mean loss."""
+def _one_step(count: int, clip=None):
+    """One step of a seeded linear model over a seeded batch in ``count`` micro-batches: its loss,
+    the weights after it and the norm of the gradients it stepped with."""
     torch.manual_seed(0)
     x, y = torch.randn(8, 5), torch.randint(0, 3, (8,))
-    updated = []
-    for count in (1, 4):
-        torch.manual_seed(1)
-        model = nn.Linear(5, 3)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        recipe = cnncompare.Recipe(accumulation_steps=count, clip_grad_norm=0.01)
-        step = make_train_step(model, optimizer, nn.functional.cross_entropy, recipe, list(model.parameters()))
-        loss = step(x, y)
-        updated.append((loss, [p.detach().clone() for p in model.parameters()],
-                        torch.cat([p.grad.flatten() for p in model.parameters()]).norm()))
-    (loss1, weights1, norm1), (loss4, weights4, norm4) = updated
-    assert float(loss4) == pytest.approx(float(loss1), rel=1e-5)
+    torch.manual_seed(1)
+    model = nn.Linear(5, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    recipe = cnncompare.Recipe(accumulation_steps=count, clip_grad_norm=clip)
+    loss = make_train_step(model, optimizer, nn.functional.cross_entropy, recipe, list(model.parameters()))(x, y)
+    norm = torch.cat([p.grad.flatten() for p in model.parameters()]).norm()
+    return float(loss), [p.detach().clone() for p in model.parameters()], float(norm)
+
+
+def test_micro_batches_train_as_the_whole_batch_does():
+    """Accumulating k micro-batches, each loss divided by k, is one step on their mean loss: the
+    same loss, gradient norm and weights (without clipping, which would hide a wrong scale)."""
+    loss1, weights1, norm1 = _one_step(1)
+    loss4, weights4, norm4 = _one_step(4)
+    assert loss4 == pytest.approx(loss1, rel=1e-5)
+    assert norm4 == pytest.approx(norm1, rel=1e-5) and norm1 > 0.1
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(weights1, weights4))
-    assert float(norm1) == pytest.approx(0.01, rel=1e-4)  # clipped
+
+
+def test_clipping_scales_the_accumulated_gradient_to_the_recipes_norm():
+    _, unclipped, _ = _one_step(4)
+    _, clipped, norm = _one_step(4, clip=0.01)
+    assert norm == pytest.approx(0.01, rel=1e-4)
+    assert not all(torch.allclose(a, b, atol=1e-6) for a, b in zip(unclipped, clipped))
 
 
 def test_the_scheduler_steps_after_every_optimizer_step():

@@ -117,7 +117,7 @@ class Backend(Protocol):
     ``modes: tuple[str, ...]`` [``("train", "inference")``]
         The ``--mode`` values the backend applies to; in another its cells
         are ``skipped`` with the reason. A backend whose difference lives in
-        the training step (``make_optimizer``, ``compile_step``) is
+        the training step (``adapt_optimizer``, ``compile_step``) is
         ``("train",)``; a deploy path (an exported or frozen graph) is
         ``("inference",)``.
     ``inference_context: str`` [``"inference_mode"``]

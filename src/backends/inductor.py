@@ -16,6 +16,8 @@ class Compile:
     name = "compile"
     description = "torch.compile(model), default inductor backend; compiles lazily on the first step"
     mode: Optional[str] = None
+    #: ``torch.compile``'s ``dynamic`` (None: its default, dynamic only after a size changes).
+    dynamic: Optional[bool] = None
     #: Modes that record CUDA graphs: meaningless off CUDA, and they need warm-up to record.
     uses_cudagraphs = False
 
@@ -24,9 +26,13 @@ class Compile:
             # reduce-overhead records its graphs on the second call and replays from the third.
             self.min_warmup = 3
 
+    def _arguments(self) -> dict:
+        return {k: v for k, v in (("mode", self.mode), ("dynamic", self.dynamic)) if v is not None}
+
     @property
     def use_it(self) -> str:
-        return "model = torch.compile(model)" if self.mode is None else f'model = torch.compile(model, mode="{self.mode}")'
+        given = "".join(f", {k}={v!r}" if k == "dynamic" else f', {k}="{v}"' for k, v in self._arguments().items())
+        return f"model = torch.compile(model{given})"
 
     def unavailable_reason(self, device):
         if self.uses_cudagraphs and device.type != "cuda":
@@ -34,7 +40,7 @@ class Compile:
         return None
 
     def compile(self, model, example, device):
-        return torch.compile(model) if self.mode is None else torch.compile(model, mode=self.mode)
+        return torch.compile(model, **self._arguments())
 
 
 class CompileReduceOverhead(Compile):
@@ -76,8 +82,8 @@ class CompileChannelsLast(ChannelsLastInput):
 
 
 class CompileStep:
-    """The whole training step (forward, loss, backward, Adam) as one torch.compile'd function:
-    what torch.jit.script can't do: it compiles no optimizer."""
+    """The whole training step (forward, loss, backward, the recipe's clipping and optimizer step)
+    as one torch.compile'd function: what torch.jit.script can't do: it compiles no optimizer."""
 
     name = "compile-step"
     description = "the whole train step (forward, loss, backward, clipping, the optimizer) in one torch.compile, tensor lr"
@@ -104,10 +110,7 @@ class CompileStep:
 class CompileDynamic(Compile):
     name = "compile-dynamic"
     description = "torch.compile(model, dynamic=True): every size symbolic from the first compile, no recompile when one changes"
-    use_it = "model = torch.compile(model, dynamic=True)"
-
-    def compile(self, model, example, device):
-        return torch.compile(model, dynamic=True)
+    dynamic = True
 
 
 class _BatchDynamic(nn.Module):

@@ -178,18 +178,17 @@ def recipe_info(workload: Any, options: Mapping[str, Any]) -> RecipeInfo:
     from ..workloads.base import describe_optimizer, recipe_of
 
     recipe = recipe_of(workload, options)
-    params = [torch.nn.Parameter(torch.zeros(1))]
+    clip = None if recipe.clip_grad_norm is None else float(recipe.clip_grad_norm)
+    if recipe.optimizer is None and recipe.scheduler is None:  # nothing of the user's to build
+        return RecipeInfo("", "", clip, recipe.accumulation_steps)
     try:
-        optimizer = recipe.optimizer(params) if recipe.optimizer else torch.optim.Adam(params)
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"returned {type(optimizer).__name__}; expected a torch.optim.Optimizer")
+        optimizer = recipe.build_optimizer([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
         described = describe_optimizer(optimizer)  # before a scheduler sets its first values (OneCycleLR's)
         scheduler = recipe.scheduler(optimizer) if recipe.scheduler else None
     except Exception as exc:
         raise ValueError(f"the recipe's optimizer or scheduler raised {type(exc).__name__}: {exc}") from exc
-    return RecipeInfo(described if recipe.optimizer else "",
-                      type(scheduler).__name__ if scheduler is not None else "",
-                      None if recipe.clip_grad_norm is None else float(recipe.clip_grad_norm), recipe.accumulation_steps)
+    return RecipeInfo(described if recipe.optimizer else "", type(scheduler).__name__ if scheduler is not None else "",
+                      clip, recipe.accumulation_steps)
 
 
 def _option_value(item: str, workload: Any) -> tuple[str, Any]:

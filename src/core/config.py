@@ -45,7 +45,7 @@ MALLOC_POLICIES = ("system", "reuse")
 
 DEFAULT_WORKLOAD = "seed-cnn"
 
-#: ``--mode``: what a cell times. train: forward, loss, backward, Adam (the default step).
+#: ``--mode``: what a cell times. train: forward, loss, backward, the workload's optimizer (the default step).
 #: inference: one forward of the eval-mode model under inference_mode (docs/inference.md).
 MODES = ("train", "inference")
 
@@ -258,6 +258,12 @@ class RunConfig:
     @property
     def distributed(self) -> bool:
         return self.nproc is not None
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches of ``batch_size`` one timed step runs: the recipe's accumulation in
+        training, one forward in inference."""
+        return 1 if self.mode == "inference" else self.workload.recipe.accumulation_steps
 
     @property
     def resolved_threads(self) -> int:

@@ -177,10 +177,9 @@ class RunReport:
 
     def _derive(self) -> None:
         # One timed training step is one optimizer step: every micro-batch of its recipe counts.
-        w, inference = self.config.workload, self.config.mode == "inference"
-        micro = 1 if inference else w.recipe.accumulation_steps
-        stats.derive(self.results, self.config.batch_size * micro * w.units_per_sample,
-                     latency=inference, target_pct=self.config.target)
+        config = self.config
+        stats.derive(self.results, config.batch_size * config.micro_batches * config.workload.units_per_sample,
+                     latency=config.mode == "inference", target_pct=config.target)
         self.verdicts = {device: stats.verdict(device, self.rows(device), self.config.rounds) for device in self.devices()}
 
     def devices(self) -> list[str]:

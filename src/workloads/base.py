@@ -104,6 +104,24 @@ class Recipe:
     clip_grad_norm: Optional[float] = None
     accumulation_steps: int = 1
 
+    def split(self, x: Any, y: Any) -> list[tuple[Any, Any]]:
+        """A training step's batch as its ``accumulation_steps`` micro-batches (views along the
+        first dimension), in the order the step runs them."""
+        if self.accumulation_steps == 1:
+            return [(x, y)]
+        return list(zip(x.chunk(self.accumulation_steps), y.chunk(self.accumulation_steps)))
+
+    def build_optimizer(self, params: Any, lr: float) -> Any:
+        """The optimizer over ``params``: the recipe's, else Adam at ``lr``. Raises ``TypeError``
+        where the recipe's returns something else than a ``torch.optim.Optimizer``."""
+        import torch
+
+        optimizer = self.optimizer(params) if self.optimizer is not None else torch.optim.Adam(params, lr=lr)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"the recipe's optimizer returned {type(optimizer).__name__}; expected a "
+                            f"torch.optim.Optimizer")
+        return optimizer
+
     def check(self, owner: str) -> None:
         """Raise ``ValueError`` naming what ``owner``'s recipe gets wrong."""
         for name in ("optimizer", "scheduler"):

@@ -2,7 +2,7 @@
 
 - ``main``        the entry point: a ``CellOrder`` in, a ``CellRecord`` out
 - ``measure``     the phases of one cell: compile, first step, warm-up, steps, parity
-- ``training``    the step protocol over the workload: seeded model and batch, Adam, the step
+- ``training``    the step protocol over the workload: seeded model and batch, its recipe, the step
 - ``timing``      synchronised timing, CUDA events
 - ``memory``      peak RSS per phase, per-step OS costs, the ``--malloc`` policy
 - ``diagnostics`` what dynamo did: graphs, breaks, recompiles, CUDA graphs

@@ -48,7 +48,7 @@ from .rank import Rank
 from .roofline import roofline
 from .serve import serve as serve_steps
 from .timing import timed, timed_steps
-from .training import EXAMPLE, Job, OutputLog, make_inference_step, make_train_step, micro_batches, step_seed, trained_parameters, with_scheduler
+from .training import EXAMPLE, Job, OutputLog, make_inference_step, make_train_step, step_seed, trained_parameters, with_scheduler
 
 ERROR_TAIL_LINES = 15
 
@@ -108,8 +108,7 @@ def _prepare(backend: Any, job: Job, device: torch.device, rank: Optional[Rank] 
     Returns (model, forward, step, compile_s).
     """
     model = job.build_model(device)
-    x, y = job.batch(EXAMPLE, device, *((rank.rank, rank.world) if rank else ()))
-    x = base.prepare_input(backend, micro_batches(x, y, job.micro_batches)[0][0])  # what one forward sees
+    x = base.prepare_input(backend, job.forward_input(EXAMPLE, device, *((rank.rank, rank.world) if rank else ())))
 
     def compile_and_wrap():
         if job.inference:  # tracing, freezing and exporting want grad off (docs/inference.md)
@@ -141,15 +140,15 @@ def _prepare(backend: Any, job: Job, device: torch.device, rank: Optional[Rank] 
 def _optimizer(backend: Any, job: Job, params: list) -> torch.optim.Optimizer:
     """The workload's optimizer with the backend's change (``adapt_optimizer``); a backend of
     the older contract builds its own Adam (``make_optimizer``) where the recipe keeps Adam."""
-    legacy = base.optimizer_maker(backend)
-    if legacy is not None and base.optimizer_adapter(backend) is None:
-        if job.recipe.optimizer is not None:
-            raise base.NotApplicable("it builds its own Adam (make_optimizer), and the workload trains with an "
-                                     "optimizer of its own (the backend needs adapt_optimizer)")
-        return legacy(params, job.config.lr)
-    optimizer = job.make_optimizer(params)
-    adapt = base.optimizer_adapter(backend)
-    return adapt(optimizer) if adapt is not None else optimizer
+    adapt, legacy = base.optimizer_adapter(backend), base.optimizer_maker(backend)
+    if adapt is not None:
+        return adapt(job.make_optimizer(params))
+    if legacy is None:
+        return job.make_optimizer(params)
+    if job.recipe.optimizer is not None:
+        raise base.NotApplicable("it builds its own Adam (make_optimizer), and the workload trains with an "
+                                 "optimizer of its own (the backend needs adapt_optimizer)")
+    return legacy(params, job.config.lr)
 
 
 def _train_step(backend: Any, job: Job, forward: Callable, optimizer: torch.optim.Optimizer, params: list) -> Callable:

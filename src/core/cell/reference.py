@@ -51,7 +51,7 @@ from ...workloads.factory import WorkloadError
 from ..fileio import write_atomic
 from ..records import ReferencePlan
 from .parity import UNIT_ROUNDOFF
-from .training import Job, micro_batches, output_tensors, step_seed, summary
+from .training import Job, output_tensors, step_seed, summary, trained_parameters
 
 #: Relative amplitude of the perturbed fp32 runs: 256 fp32 ulps (2^-16). Whether a few Adam
 #: steps flip a near-zero gradient's sign is a threshold: measured on the ResNet at batch 2, 16
@@ -183,7 +183,7 @@ def draws_random_numbers(job: Job, device: torch.device) -> bool:
     """Whether the workload's step draws random numbers: two forwards of the same model and
     batch under different seeds differ."""
     model = job.build_model(device)
-    x, _ = job.batch(0, device)
+    x = job.forward_input(0, device)
     outputs = []
     with torch.no_grad():
         for seed in (1, 2):
@@ -202,7 +202,7 @@ def trajectory(job: Job, device: torch.device, dtype: torch.dtype, steps: int, s
     ``precision`` computes the forward as a backend of it would (``computing_in``); ``perturb``
     seeds ``jitter`` of ``amplitude``. With ``shards`` > 1 it is what DDP computes for that many ranks, as
     rank 0 sees it: each rank's slice goes through the model on its own (BatchNorm normalises
-    with the slice's statistics), the gradients are averaged, one Adam step; the loss is the
+    with the slice's statistics), the gradients are averaged (and clipped, where the recipe clips), one optimizer step; the loss is the
     mean of the slices'. DDP broadcasts rank 0's buffers before every forward, so the running
     statistics are rank 0's: the ones its slice alone produced.
     """
@@ -225,10 +225,10 @@ def trajectory(job: Job, device: torch.device, dtype: torch.dtype, steps: int, s
             if k in snap_at:
                 state.update((key, v.clone()) for key, v in output_snapshot(model, model, out, k).items())
         return state, losses
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = trained_parameters(model, model)
     optimizer = job.make_optimizer(params)
     scheduler = job.make_scheduler(optimizer)
-    count, clip = job.micro_batches, job.recipe.clip_grad_norm
+    count, clip = job.recipe.accumulation_steps, job.recipe.clip_grad_norm
     tensors: list[torch.Tensor] = []
     for k in range(1, steps + 1):
         if random:
@@ -237,7 +237,7 @@ def trajectory(job: Job, device: torch.device, dtype: torch.dtype, steps: int, s
         total = torch.zeros((), dtype=dtype, device=device)
         rank0_buffers: Optional[list[torch.Tensor]] = None
         for shard, pool in enumerate(pools):
-            for x, y in micro_batches(*pool[(k - 1) % len(pool)], count):
+            for x, y in job.recipe.split(*pool[(k - 1) % len(pool)]):
                 with computing_in(precision, device):
                     out = model(x)
                 loss = job.loss(out.to(dtype) if isinstance(out, torch.Tensor) else out, y) / (shards * count)

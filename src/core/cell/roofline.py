@@ -40,8 +40,9 @@ def step_gflop(job: Job, device: torch.device) -> tuple[float, float]:
         with counter, torch.inference_mode():
             model(x)
     else:
-        with counter:
-            job.loss(model(x), y).backward()
+        with counter:  # micro-batch by micro-batch, as the step runs them (not one forward of them all)
+            for xi, yi in job.recipe.split(x, y):
+                job.loss(model(xi), yi).backward()
     total = counter.get_total_flops()
     conv = sum(n for op, n in counter.get_flop_counts().get("Global", {}).items()
                if any(name in str(op) for name in _CONV_OPS))

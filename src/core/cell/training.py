@@ -14,6 +14,7 @@ loss and turns the gradients denormal, which slows a CPU step 2-3x).
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -60,23 +61,22 @@ class Job:
     workload: Any
     config: RunConfig
     options: dict = field(init=False)
-    recipe: Recipe = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "options", resolve_options(self.workload, self.config.workload.options))
+
+    @functools.cached_property
+    def recipe(self) -> Recipe:
+        """The workload's recipe, read when first needed: a user's factory returns it with its
+        model, so read after ``build_model`` it costs no second model (read before, in a cell, it
+        would build one ahead of the memory baseline)."""
         with self._naming("recipe"):
-            object.__setattr__(self, "recipe", recipe_of(self.workload, self.options))
+            return recipe_of(self.workload, self.options)
 
     def make_optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
         """The recipe's optimizer over ``params`` (Adam at the config's ``lr`` by default)."""
-        if self.recipe.optimizer is None:
-            return torch.optim.Adam(params, lr=self.config.lr)
         with self._naming("the recipe's optimizer"):
-            optimizer = self.recipe.optimizer(params)
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise WorkloadError(f"workload {self.workload.name!r}: the recipe's optimizer returned "
-                                f"{type(optimizer).__name__}; expected a torch.optim.Optimizer")
-        return optimizer
+            return self.recipe.build_optimizer(params, self.config.lr)
 
     def make_scheduler(self, optimizer: torch.optim.Optimizer) -> Any:
         """The recipe's LR scheduler over ``optimizer``, or None."""
@@ -114,7 +114,7 @@ class Job:
         generated on ``device``.
 
         One step's batch holds the recipe's ``accumulation_steps`` micro-batches of ``batch_size``
-        samples each (the step splits it, ``micro_batches``). Under DDP the global batch is
+        samples each (the step splits it, ``Recipe.split``). Under DDP the global batch is
         ``shards`` times that and rank ``shard`` trains on its slice (weak scaling).
         With one shard the batch is the single-process one, number for number.
         Floating-point inputs are cast to ``dtype``.
@@ -126,6 +126,11 @@ class Job:
         part = slice(shard * n, (shard + 1) * n)
         x = x[part].contiguous()
         return (x.to(dtype) if x.is_floating_point() else x), y[part].contiguous()
+
+    def forward_input(self, index: int, device: torch.device, shard: int = 0, shards: int = 1) -> torch.Tensor:
+        """The inputs of batch ``index``'s first micro-batch: what one forward sees (the compile
+        example, a probe's forward), not the whole step's micro-batches at once."""
+        return self.batch(index, device, shard, shards)[0].chunk(self.micro_batches)[0]
 
     def batches(self, device: torch.device, shard: int = 0, shards: int = 1,
                 dtype: torch.dtype = torch.float32) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -184,13 +189,6 @@ def trained_parameters(compiled: Callable, model: nn.Module) -> list[nn.Paramete
     return [p for p in owner.parameters() if p.requires_grad]
 
 
-def micro_batches(x: torch.Tensor, y: torch.Tensor, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """One step's batch as its ``count`` micro-batches (views along the first dimension)."""
-    if count == 1:
-        return [(x, y)]
-    return list(zip(x.chunk(count), y.chunk(count)))
-
-
 def make_train_step(forward: Callable, optimizer: torch.optim.Optimizer, loss_fn: Callable,
                     recipe: Recipe = Recipe(), params: Sequence[nn.Parameter] = ()) -> Callable:
     """The protocol: per micro-batch forward, the workload's loss (divided by the micro-batch
@@ -205,7 +203,7 @@ def make_train_step(forward: Callable, optimizer: torch.optim.Optimizer, loss_fn
 
     def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         total: Any = 0
-        for i, (xi, yi) in enumerate(micro_batches(x, y, count)):
+        for i, (xi, yi) in enumerate(recipe.split(x, y)):
             loss = loss_fn(forward(xi), yi)
             if count > 1:
                 loss = loss / count

@@ -17,7 +17,7 @@ from .wording import STEP_UNIT, plural
 
 #: What one step is, per mode.
 STEP_IS = {
-    "train": "one training step (forward, the workload's loss, zero_grad, backward, Adam)",
+    "train": "one training step (forward, the workload's loss, zero_grad, backward, the workload's optimizer)",
     "inference": "one forward of the batch through the eval-mode model (under `torch.inference_mode()`)",
 }
 

@@ -46,8 +46,7 @@ def setup_rows(report: RunReport) -> list[tuple[str, str]]:
         ("software", f"torch {md_cell(env.get('torch'))}, cnncompare {md_cell(env.get('cnncompare'))}"),
         ("workload", f"**{md_cell(workload.name)}**" + (f" ({md_cell(options)})" if options else "") + f"; {step}"),
         ("batch", f"{config.batch_size} {md_cell(plural(workload.sample_unit, config.batch_size))}"
-                  + (f" per micro-batch, {recipe.accumulation_steps} per step"
-                     if recipe.accumulation_steps > 1 and config.mode != "inference" else "")),
+                  + (f" per micro-batch, {config.micro_batches} per step" if config.micro_batches > 1 else "")),
         *([] if config.mode == "inference" else [("recipe", md_cell(recipe.describe(config.lr)))]),
         ("measured", _protocol(report)),
         ("started", md_cell(report.started_at or env.get("date", ""))),
@@ -90,7 +89,7 @@ def run_line(report: RunReport, batch: Optional[str] = None) -> str:
         + (f" and {md_cell(gpus)}" if gpus else "") + ". "
         f"Workload **{md_cell(workload.name)}**" + (f" ({md_cell(options)})" if options else "")
         + (", **inference** (one forward of the eval-mode model per step)" if config.mode == "inference"
-           else ", **training** (forward, loss, backward, Adam per step)")
+           else ", **training** (forward, loss, backward and the optimizer per step)")
         + f", batch {size} {md_cell(plural(workload.sample_unit, size))}, " + _protocol(report)
         + (f"; C allocator: `--malloc {md_cell(config.malloc)}`" if config.malloc != "system" else "")
         + "."

@@ -103,9 +103,9 @@ def _affordable(names: list[str], left_s: float, cost: Callable[[str], float], p
     (``prefix``: none after the first that doesn't fit)."""
     due = []
     for name in names:
-        if cost(name) <= left_s:
+        if (paid := cost(name)) <= left_s:
             due.append(name)
-            left_s -= cost(name)
+            left_s -= paid
         elif prefix:
             break
     return due

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 from scipy import stats as _scipy
 
 from ..records import Status
-from .figures import measured_precision, paired_of, round_prior, rounds_of, speedup_of
+from .figures import measured_precision, measured_rounds, paired_of, round_prior, rounds_of, speedup_of
 from .intervals import CONFIDENCE, MIN_PAIRED_ROUNDS, T_INTERVAL_MIN_ROUNDS, paired_ratio, speedup_interval
 
 if TYPE_CHECKING:
@@ -195,11 +195,11 @@ def verdict(device: str, rows: Sequence["CellResult"], rounds: int = T_INTERVAL_
     below = best is not eager and control is not None and not _clears(ratios[control.backend])
     tested = ratios.get("eager") if best is not eager else None
     closest = [ratios[n] for n in tied] + ([ratios[control.backend]] if below and control else [])
-    measured = max((sum(1 for m in r.rounds or [] if m is not None) for r in ok), default=0)
+    measured = max(map(measured_rounds, ok), default=0)
     pooled = round_prior(rows)
     # The hardest contender decides; one with no difference measured can't be separated at all.
     separate = [_rounds_to_separate(ratio, measured, pooled.df if pooled else None, confidence) for ratio in closest]
-    hardest = None if not separate or any(n is None for n in separate) else max(n or 0 for n in separate)
+    hardest = None if not separate or None in separate else max(n for n in separate if n is not None)
     return Verdict(device, best, eager, tied, precision=baseline, other_precision=other, control=control,
                    below_control=below, rounds=rounds,
                    paired=any(paired_of(r) is not None for r in rows if r.status == Status.OK and r.step_s),

@@ -99,19 +99,17 @@ class AmpFp16(_Autocast):
             return "fp16 autocast with a GradScaler is CUDA-only (use amp-bf16 on the CPU)"
         return super().unavailable_reason(device)
 
-    def make_train_step(self, forward, optimizer, loss_fn, recipe=None, params=()):
+    def make_train_step(self, forward, optimizer, loss_fn, recipe=cnncompare.Recipe(), params=()):
         """The protocol with loss scaling: scaled backward per micro-batch, unscaled gradients
         clipped where the workload's recipe clips, an inf-checked optimizer step."""
         # init_scale 2**10 rather than 2**16: a first step skipped for overflow would be a
         # different computation from eager's first step, and parity compares exactly that step.
         scaler = torch.amp.GradScaler("cuda", init_scale=2.0**10)
-        count = recipe.accumulation_steps if recipe is not None else 1
-        clip = recipe.clip_grad_norm if recipe is not None else None
+        count, clip = recipe.accumulation_steps, recipe.clip_grad_norm
 
         def train_step(x, y):
             total = 0
-            parts = [(x, y)] if count == 1 else list(zip(x.chunk(count), y.chunk(count)))
-            for i, (xi, yi) in enumerate(parts):
+            for i, (xi, yi) in enumerate(recipe.split(x, y)):
                 loss = loss_fn(forward(xi), yi) / count
                 if i == 0:
                     optimizer.zero_grad()
