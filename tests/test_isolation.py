@@ -104,3 +104,35 @@ def test_memory_watch_survives_a_cell_that_exits_between_two_looks(monkeypatch):
 
     monkeypatch.setattr(psutil.Process, "children", vanished)
     assert launch.tree_rss_mb(os.getpid()) == 0.0
+
+
+def test_the_fork_server_imports_torch_under_each_cells_import_time_settings(tmp_path):
+    """torch reads TORCHINDUCTOR_FX_GRAPH_CACHE (and the like) when the server imports it, not in
+    the forked child: a cell asking for another value gets a server started with it; one that
+    differs only in what torch reads when used (its cache directory) shares the running one."""
+    import os
+    import time
+
+    from cnncompare.core.run.forkserver import ForkServer
+
+    server = ForkServer()
+
+    def start(**extra) -> None:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"), **extra}
+        pid = server.start_child(str(tmp_path / "no-order.pkl"), env, str(tmp_path), str(tmp_path / "log"))
+        while server.poll(pid) is None:  # the child fails on the missing order, soon
+            time.sleep(0.05)
+
+    def server_env() -> str:
+        with open(f"/proc/{server.pid}/environ", "rb") as f:
+            return f.read().decode(errors="replace")
+
+    try:
+        start()
+        first = server.pid
+        start(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "other"))
+        assert server.pid == first
+        start(TORCHINDUCTOR_FX_GRAPH_CACHE="0")
+        assert server.pid != first and "TORCHINDUCTOR_FX_GRAPH_CACHE=0" in server_env().split("\0")
+    finally:
+        server.close()

@@ -14,6 +14,13 @@ Why not ``multiprocessing``'s forkserver: it re-imports the parent's main
 module in every child (its "safe importing of main" rule), so a script
 without an ``if __name__ == "__main__"`` guard would run again per cell.
 
+torch reads most of its compile settings from the environment once, when their config module
+is imported (``TORCHINDUCTOR_FX_GRAPH_CACHE``, ``TORCH_COMPILE_DEBUG``, ...): in the server,
+not in the child. So the server is started with the cell's values of those variables
+(``import_time_env``), and started again when a cell asks for different ones; without that, a
+cell's ``TORCHINDUCTOR_FX_GRAPH_CACHE=0`` would be silently ignored and its "cold" compile
+could load a graph an earlier cell compiled.
+
 Protocol, one JSON object per line: the parent writes
 ``{"payload", "env", "workdir", "log"}`` on the server's stdin; the server
 answers ``{"started": pid}`` and later ``{"exited": pid, "code": c}`` on its
@@ -35,6 +42,20 @@ from ..processes import PARENT_PID_ENV
 
 #: Imported once in the server (not torch._inductor's compile workers: the child sets their count).
 PRELOAD = (*IMPORTED_BEFORE_TIMING, "cnncompare.core.cell.measure", "cnncompare.core.cell.main")
+
+#: Environment variables torch (and triton) may read when a module is imported.
+IMPORT_TIME_PREFIXES = ("TORCH", "PYTORCH", "TRITON", "INDUCTOR")
+#: Those read when used, which a forked child's own environment decides: the cell's compile cache
+#: (``cache_dir_utils.cache_dir`` reads it per call) and the compile workers' count, which
+#: ``cell.main.forked_main`` decides again in the child.
+READ_WHEN_USED = frozenset({"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_COMPILE_THREADS"})
+
+
+def import_time_env(env: dict) -> tuple[tuple[str, str], ...]:
+    """The variables of ``env`` that torch may have read at import: the server's imports must
+    have seen the same values as the cell's child would."""
+    return tuple(sorted((k, v) for k, v in env.items()
+                        if k.startswith(IMPORT_TIME_PREFIXES) and k not in READ_WHEN_USED))
 
 
 def _exit_code(status: int) -> int:
@@ -117,11 +138,22 @@ class ForkServer:
         self._buffer = b""
         self.exit_codes: dict[int, int] = {}
         self._closes_at_exit = False
+        self._imported_with: tuple[tuple[str, str], ...] = ()
+        self._started: list[int] = []  # by the running server
 
-    def _start(self) -> subprocess.Popen:
+    @property
+    def pid(self) -> Optional[int]:
+        """The running server's pid, None when none runs."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    def _start(self, imported_with: tuple[tuple[str, str], ...]) -> subprocess.Popen:
         # Its own session: a Ctrl-C in the terminal is the parent's, and killing a cell's
-        # process group never reaches the server.
-        env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}
+        # process group never reaches the server. Its imports see the cell's import-time
+        # variables, and none of ours that the cell lacks.
+        env = {k: v for k, v in os.environ.items() if not import_time_env({k: v})}
+        env.update(imported_with)
+        env[PARENT_PID_ENV] = str(os.getpid())
+        self._imported_with = imported_with
         proc = subprocess.Popen([sys.executable, "-m", "cnncompare.core.run.forkserver"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, start_new_session=True, env=env)
         self._proc, self._buffer = proc, b""
@@ -150,8 +182,18 @@ class ForkServer:
         return json.loads(line)
 
     def start_child(self, payload: str, env: dict, workdir: str, log: str) -> int:
-        if self._proc is None or self._proc.poll() is not None:
-            self._start()
+        """Fork a cell's child running ``forked_main`` with ``env``; its pid. A server whose
+        imports saw other values of ``env``'s import-time variables is replaced first, which
+        needs its children to have ended (they die with it)."""
+        wanted = import_time_env(env)
+        if self.pid is not None and wanted != self._imported_with:
+            running = [pid for pid in self._started if self.poll(pid) is None]
+            if running:
+                raise RuntimeError(f"a cell needs torch imported under other settings ({dict(wanted)}) while "
+                                   f"cells {running} run under {dict(self._imported_with)}")
+            self.close()
+        if self.pid is None:
+            self._start(wanted)
         assert self._proc is not None and self._proc.stdin is not None
         request = {"payload": payload, "env": env, "workdir": workdir, "log": log}
         self._proc.stdin.write((json.dumps(request) + "\n").encode())
@@ -161,6 +203,7 @@ class ForkServer:
             if message is None:
                 raise RuntimeError("the cnncompare fork server died")
             if "started" in message:
+                self._started.append(message["started"])
                 return message["started"]
             self._record(message)
 
@@ -188,7 +231,7 @@ class ForkServer:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
-        self._proc = None
+        self._proc, self._started = None, []
 
 
 if __name__ == "__main__":
