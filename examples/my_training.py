@@ -7,6 +7,12 @@ schedule stepped after every optimizer step, gradients clipped to norm 1, and th
 parity reference follows the same recipe. ``total_steps`` is the schedule's length: a cell of a
 small model runs up to about a thousand steps in a round (OneCycleLR refuses to step past its
 end), as many as a first epoch of a real run would.
+
+``loop`` is the loop the report projects for each backend: 50,000 samples in batches of 128 make
+epochs of 391 steps whose last batch holds 80 (a DataLoader with ``drop_last=False``), an
+evaluation of 20 batches every 100 steps, 10 epochs. A compiler that recompiles on the smaller
+batch, or on switching to evaluation and back, pays for it there (``--loop KEY=VALUE`` changes a
+key; at another ``--batch-size`` give ``--loop last_batch=N`` too).
 """
 import torch
 from torch import nn
@@ -47,4 +53,5 @@ def build(features: int = 64, hidden: int = 256, depth: int = 3, classes: int = 
         scheduler=lambda optimizer: torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr,
                                                                         total_steps=total_steps),
         clip_grad_norm=clip,
+        loop={"epoch_steps": 391, "last_batch": 80, "eval_every": 100, "eval_steps": 20, "epochs": 10},
     )

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .. import __version__
-from ..core.config import DEFAULT_WORKLOAD, RunConfig, flagged_fields
+from ..core.config import DEFAULT_WORKLOAD, LOOP_KEYS, RunConfig, flagged_fields
 from ..core.records import Status
 
 #: Exit codes, the command line's contract with scripts and CI jobs (``cnncompare docs cli``).
@@ -163,6 +163,10 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload-option", action="append", default=[], metavar="KEY=VALUE",
                    help="a workload option (repeat for several); 'cnncompare list workloads' shows each workload's "
                    "options and defaults")
+    p.add_argument("--loop", action="append", default=[], metavar="KEY=VALUE",
+                   help="the training loop each row's loop figures project (repeat for several keys): "
+                   + "; ".join(f"{k}: {v}" for k, v in LOOP_KEYS.items())
+                   + " (default: the workload's, else 1 epoch of 1000 full steps, no evaluation)")
     p.add_argument("--backend-option", action="append", default=[], metavar="NAME:KEY=VALUE",
                    help="an option for one selected backend's configure() (repeat for several), e.g. "
                    "dynamo:openvino:aot_autograd=true (torch.compile's options); VALUE is read as JSON where it is "

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..core.config import RecipeInfo, WorkloadSpec
+from ..core.config import LOOP_KEYS, LoopSpec, RecipeInfo, WorkloadSpec
 from .parser import WORKLOAD_OPTION_FLAGS, UsageError, did_you_mean
 
 #: Where a run's report goes when --output doesn't say: outside any committed reports/ folder.
@@ -136,7 +136,7 @@ def workload(args: argparse.Namespace, registry) -> WorkloadSpec:
     ``workloads.find``), its options given on the command line checked and the rest filled with
     its defaults. A workload no plugin registers joins ``registry`` so the cells find it."""
     from ..workloads import WorkloadError, find
-    from ..workloads.base import OptionError, resolve_options, throughput_unit, units_per_sample
+    from ..workloads.base import OptionError, loop_of, resolve_options, throughput_unit, units_per_sample
 
     if ":" not in args.workload and args.workload not in registry.workloads:
         raise UsageError(f"--workload: unknown workload {args.workload!r}{did_you_mean(args.workload, list(registry.workloads))}; "
@@ -165,9 +165,36 @@ def workload(args: argparse.Namespace, registry) -> WorkloadSpec:
         raise UsageError(f"--workload {args.workload}: {exc}") from None
     try:
         recipe = recipe_info(found, options)
+        declared = loop_of(found, options)
+        LoopSpec.of(declared, f"workload {found.name!r}'s loop")
     except (WorkloadError, ValueError, TypeError) as exc:
         raise UsageError(f"--workload {args.workload}: {exc}") from None
-    return WorkloadSpec(found.name, options, found.sample_unit, throughput_unit(found), units, recipe)
+    return WorkloadSpec(found.name, options, found.sample_unit, throughput_unit(found), units, recipe,
+                        loop_spec(args.loop, declared))
+
+
+def loop_spec(items: list[str], declared: Mapping[str, Any]) -> LoopSpec:
+    """The loop: ``--loop KEY=VALUE`` items over the workload's ``declared`` keys, over
+    ``LoopSpec``'s defaults; a ``UsageError`` naming the bad item."""
+    given: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UsageError(f"--loop: expected KEY=VALUE, got {item!r}; the keys are {', '.join(LOOP_KEYS)}")
+        if key not in LOOP_KEYS:
+            raise UsageError(f"--loop: unknown key {key!r}{did_you_mean(key, list(LOOP_KEYS))}; the keys are "
+                             f"{', '.join(LOOP_KEYS)}")
+        if key in given:
+            raise UsageError(f"--loop {key}: given twice")
+        try:
+            given[key] = int(text)
+        except ValueError:
+            raise UsageError(f"--loop {key}: expected a whole number, got {text!r}") from None
+    try:
+        return LoopSpec.of({**declared, **given}, "--loop")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def recipe_info(workload: Any, options: Mapping[str, Any]) -> RecipeInfo:

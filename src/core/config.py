@@ -106,12 +106,75 @@ class RecipeInfo:
         return ", ".join(parts)
 
 
+#: ``--loop`` keys (``LoopSpec``'s fields) with what each means, for the CLI's help and errors.
+LOOP_KEYS = {
+    "epoch_steps": "optimizer steps per epoch, the last one included",
+    "last_batch": "samples (per micro-batch) in an epoch's last step; default: a full --batch-size",
+    "eval_every": "steps between evaluations, counted across epochs; 0: no evaluation",
+    "eval_steps": "batches (of --batch-size) per evaluation",
+    "epochs": "epochs in the loop",
+}
+
+
+@dataclass(frozen=True)
+class LoopSpec:
+    """The training loop a row's ``loop`` figures project (``--loop KEY=VALUE``, over the
+    workload's own declaration, over these defaults): ``epochs`` of ``epoch_steps`` optimizer
+    steps, the last of each epoch with ``last_batch`` samples per micro-batch (None: a full
+    batch), and an evaluation of ``eval_steps`` batches, in eval mode without gradients, after
+    every ``eval_every`` steps (0: none). Inference's loop is ``epochs`` x ``epoch_steps``
+    forwards, the last of each epoch ``last_batch`` long; it has no evaluation."""
+
+    epoch_steps: int = 1000
+    last_batch: Optional[int] = None
+    eval_every: int = 0
+    eval_steps: int = 10
+    epochs: int = 1
+
+    #: Above this many steps the projection (which walks the loop step by step) refuses.
+    MAX_STEPS = 10_000_000
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any], owner: str) -> "LoopSpec":
+        """The loop from ``values`` (a subset of ``LOOP_KEYS``), checked; a ``ValueError`` naming
+        ``owner`` (``--loop``, the workload) and the key on a bad one."""
+        unknown = sorted(set(values) - set(LOOP_KEYS))
+        if unknown:
+            raise ValueError(f"{owner}: unknown key {unknown[0]!r}; the keys are {', '.join(LOOP_KEYS)}")
+        for key, value in values.items():
+            if value is None and key == "last_batch":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{owner}: {key} must be a whole number, got {value!r}")
+            if value < (0 if key == "eval_every" else 1):
+                raise ValueError(f"{owner}: {key} must be at least {0 if key == 'eval_every' else 1}, got {value}")
+        loop = cls(**values)
+        if loop.epochs * loop.epoch_steps > cls.MAX_STEPS:
+            raise ValueError(f"{owner}: {loop.epochs} epochs of {loop.epoch_steps} steps is over {cls.MAX_STEPS:,} steps")
+        return loop
+
+    def ragged(self, batch_size: int) -> bool:
+        """Whether each epoch ends on a smaller batch."""
+        return self.last_batch is not None and self.last_batch != batch_size
+
+    def describe(self, batch_size: int, inference: bool = False) -> str:
+        """One line: ``2 epochs of 50 steps, the last of 12 samples; an evaluation of 5 batches every 20 steps``."""
+        unit = "forwards" if inference else "steps"
+        text = f"{self.epochs} epoch{'s' if self.epochs > 1 else ''} of {self.epoch_steps} {unit}"
+        if self.ragged(batch_size):
+            text += f", the last of {self.last_batch} samples"
+        if self.eval_every and not inference:
+            text += f"; an evaluation of {self.eval_steps} batches every {self.eval_every} steps"
+        return text
+
+
 @dataclass(frozen=True)
 class WorkloadSpec:
     """Which workload a run trains, with every option's value (defaults filled in when the
     workload is resolved, ``workloads.base.resolve_options``), the unit of one sample, what
     throughput counts: ``units_per_sample`` of ``throughput_unit`` per sample (tokens per
-    sequence; 1 and the sample unit itself for most workloads), and its training recipe."""
+    sequence; 1 and the sample unit itself for most workloads), its training recipe and the loop
+    its ``loop`` figures project."""
 
     name: str = DEFAULT_WORKLOAD
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -119,6 +182,7 @@ class WorkloadSpec:
     throughput_unit: str = ""
     units_per_sample: int = 1
     recipe: RecipeInfo = RecipeInfo()
+    loop: LoopSpec = LoopSpec()
 
     @property
     def unit(self) -> str:
@@ -228,6 +292,10 @@ class RunConfig:
         if isinstance(self.lr, bool) or not (isinstance(self.lr, (int, float)) and self.lr > 0):
             raise ConfigError("lr", f"must be a positive float, got {self.lr!r}")
         self._check_distributed()
+        last = self.workload.loop.last_batch
+        if last is not None and last > self.batch_size:
+            raise ConfigError("--loop", f"last_batch {last} is more than --batch-size {self.batch_size}: an epoch's last "
+                              f"batch holds what is left of it (give --loop last_batch=N, N <= {self.batch_size})")
         if not self.backends:
             raise ConfigError("--backends", "no backend selected")
         if not self.devices:

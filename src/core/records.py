@@ -129,6 +129,44 @@ class CompilePhases:
     compiles: int
 
 
+#: The loop's events a cell rehearses (``cell/loop.py``), in the order a loop meets them.
+#: full: a full training step (every step the loop takes in its first epoch but the events below);
+#: ragged: an epoch's last, smaller step; after_ragged: a full step in a later epoch (after a ragged
+#: batch a compiler may have made its graph dynamic); eval: one evaluation batch (eval mode, no
+#: gradients; the first of each evaluation switches the mode); resume: the first training step after
+#: an evaluation (back in train mode).
+LOOP_EVENTS = ("full", "ragged", "after_ragged", "eval", "resume")
+
+
+@dataclass
+class LoopEvent:
+    """One event of the loop as the cell met it: ``first_s`` the first time (a recompile lands
+    here), ``steady_s`` the median of later times, both in the cell's own seconds; ``ratio`` a later
+    time over a full step's before any ragged batch (the median of ratios to full steps timed next
+    to it, ``cell/loop.py``); ``compiles`` the compiles dynamo started during the first time,
+    ``steady_compiles`` during the later ones (None where dynamo never ran in the cell)."""
+
+    name: str
+    first_s: float
+    steady_s: float
+    ratio: float
+    compiles: Optional[int] = None
+    steady_compiles: Optional[int] = None
+
+
+@dataclass
+class LoopRehearsal:
+    """What a cell measured of the run's loop (``config.LoopSpec``) after its measured steps:
+    each event it holds (``LOOP_EVENTS``; ``full`` always first, the others where the loop has
+    them), or the ``error`` that stopped the rehearsal (the row's step figures stand)."""
+
+    events: list[LoopEvent] = field(default_factory=list)
+    error: Optional[str] = None
+
+    def event(self, name: str) -> Optional[LoopEvent]:
+        return next((e for e in self.events if e.name == name), None)
+
+
 @dataclass
 class DynamoStats:
     """What dynamo did in the cell (``cell/diagnostics.py``); absent when it never ran.
@@ -233,6 +271,8 @@ class Measured:
     #: where torch allows TF32 (roofline.peak_precision).
     peak_precision: Optional[str] = None
     distributed: Optional[DistributedFigures] = None
+    #: The run's loop, rehearsed after the measured steps (None: not rehearsed; ``--nproc``).
+    loop_rehearsal: Optional[LoopRehearsal] = None
     error: Optional[str] = None
     error_tail: Optional[str] = None
     notes: list[str] = field(default_factory=list)

@@ -49,7 +49,10 @@ from .stats import StepStats
 #: ``tested_ci``, ``undecided_between`` and ``rounds_to_separate``.
 #: 13: the workload's training recipe (``config.workload.recipe``: optimizer, scheduler,
 #: clip_grad_norm, accumulation_steps); older files read as the default recipe, Adam at ``lr``.
-SCHEMA_VERSION = 13
+#: 14: the loop: each row's ``loop_rehearsal`` (the loop's events as its cell met them) and ``loop``
+#: (``total_s``, ``speedup_vs_eager``, ``speedup_ci``, ``recompiles``, ``events``, ``error``); the config's
+#: ``workload.loop``. Older files read with no loop figures.
+SCHEMA_VERSION = 14
 
 #: Environment keys that must match for two runs to be comparable cell by cell.
 #: (The thread count is the config's, compared there.)
@@ -113,6 +116,8 @@ class CellResult(Measured):
     latency_p50_s: Optional[float] = None
     latency_p90_s: Optional[float] = None
     latency_p99_s: Optional[float] = None
+    #: The run's training loop projected from the row's rehearsal (``stats.LoopFigures``).
+    loop: Optional[stats.LoopFigures] = None
 
     @classmethod
     def from_record(cls, record: CellRecord, **row: Any) -> "CellResult":
@@ -179,7 +184,8 @@ class RunReport:
         # One timed training step is one optimizer step: every micro-batch of its recipe counts.
         config = self.config
         stats.derive(self.results, config.batch_size * config.micro_batches * config.workload.units_per_sample,
-                     latency=config.mode == "inference", target_pct=config.target)
+                     latency=config.mode == "inference", target_pct=config.target, loop=config.workload.loop,
+                     batch_size=config.batch_size)
         self.verdicts = {device: stats.verdict(device, self.rows(device), self.config.rounds) for device in self.devices()}
 
     def devices(self) -> list[str]:

@@ -63,6 +63,10 @@ class Workload(Protocol):
         How many ``throughput_unit`` one sample holds (the sequence length).
     ``recipe(options) -> Recipe`` [``Recipe()``: Adam at ``--lr``, nothing else]
         How the workload trains: its optimizer, scheduler, clipping and accumulation.
+    ``loop(options) -> Mapping[str, int]`` [``{}``: ``core.config.LoopSpec``'s defaults]
+        The training loop its rows' ``loop`` figures project, keyed as ``--loop`` is
+        (``epoch_steps``, ``last_batch``, ``eval_every``, ``eval_steps``, ``epochs``);
+        ``--loop`` overrides it key by key.
     """
 
     name: str
@@ -144,6 +148,16 @@ def recipe_of(workload: Any, options: Mapping[str, Any]) -> Recipe:
                          f"cnncompare.Recipe")
     found.check(f"workload {workload.name!r}")
     return found
+
+
+def loop_of(workload: Any, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The loop keys the workload declares for ``options`` (``{}`` where it declares none)."""
+    member = getattr(workload, "loop", None)
+    found = {} if member is None else member(options)
+    if not isinstance(found, Mapping):
+        raise ValueError(f"workload {workload.name!r}: loop() returned {type(found).__name__}; expected a mapping "
+                         f"of --loop keys to whole numbers")
+    return dict(found)
 
 
 def describe_optimizer(optimizer: Any) -> str:

@@ -44,7 +44,11 @@ class ModelSpec:
     The training recipe (``workloads.base.Recipe`` says how each is followed): ``optimizer``
     (parameters -> optimizer; None: Adam at ``--lr``), ``scheduler`` (optimizer -> LR scheduler,
     stepped after every optimizer step; None: none), ``clip_grad_norm`` (None: no clipping) and
-    ``accumulation_steps`` (micro-batches per optimizer step)."""
+    ``accumulation_steps`` (micro-batches per optimizer step).
+
+    ``loop``: the training loop the report projects, keyed as ``--loop`` is (``epoch_steps``,
+    ``last_batch``, ``eval_every``, ``eval_steps``, ``epochs``; ``core.config.LoopSpec``);
+    ``--loop`` overrides it key by key."""
 
     model: Any
     make_batch: Callable[..., Any]
@@ -56,6 +60,7 @@ class ModelSpec:
     scheduler: Optional[Callable[..., Any]] = None
     clip_grad_norm: Optional[float] = None
     accumulation_steps: int = 1
+    loop: Optional[Mapping[str, Any]] = None
 
     @property
     def recipe(self) -> Recipe:
@@ -132,6 +137,9 @@ class FactoryWorkload:
 
     def recipe(self, options: Mapping[str, Any]) -> Recipe:
         return self.spec_for(options).recipe
+
+    def loop(self, options: Mapping[str, Any]) -> Mapping[str, Any]:
+        return self.spec_for(options).loop or {}
 
     def make_batch(self, options: Mapping[str, Any], n: int, generator: Any, device: Any) -> Any:
         batch = self.spec_for(options).make_batch(n, generator, device)

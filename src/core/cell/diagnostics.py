@@ -53,6 +53,11 @@ class DynamoWatch:
 
         self.compile_ids.append(str(CompileContext.current_compile_id()))
 
+    def compiles(self) -> Optional[int]:
+        """The compiles dynamo has started in the cell so far (recompiles included); None where
+        this torch has no compile-start callbacks."""
+        return None if self.compile_ids is None else len(self.compile_ids)
+
     def report(self, cuda_index: Optional[int] = None) -> Optional[DynamoStats]:
         """None when dynamo never ran in this cell (eager, TorchScript, …). ``cuda_index``:
         the cell's CUDA device, whose CUDA-graph trees are counted."""

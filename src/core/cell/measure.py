@@ -15,6 +15,8 @@ Phases and what a failure in each means:
                                                           compiler raised, else fail_run
   warmup, steps                                        -> fail_run
   non-finite loss (inference: output) in any step      -> fail_accuracy
+  loop        the run's loop events (loop.py), round 1  -> the row's loop_rehearsal.error only:
+              only, not under DDP                          the step's figures stand
   parity      steps 1 and N vs float64 eager, every
               step's loss vs fp32 eager (parity.py)    -> fail_accuracy
 
@@ -42,6 +44,7 @@ from ..records import CellRecord, Status
 from . import rank as ddp
 from . import reference
 from .diagnostics import DynamoWatch
+from .loop import rehearse
 from .memory import DescendantsPeak, PhasePeaks, current_rss_mb, per_step_usage, process_usage, use_malloc
 from .parity import compare_with_reference, output_snapshot, parity_step, snapshot, weights_snapshot
 from .rank import Rank
@@ -337,6 +340,11 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
         return fail(record, exc, phase)
     record.dynamo = watch.report(cuda_index)
     record.compile_threads = compile_threads() if record.dynamo is not None else None
+    if judge and rank is None:  # after every step figure and the diagnostics: the loop's events
+        on_phase("loop", 0, 1)
+        record.loop_rehearsal = rehearse(
+            config.workload.loop, config.batch_size, job.micro_batches, job.inference, model, forward, step,
+            inputs, job.loss, device, watch.compiles if record.dynamo is not None else lambda: None)
     if cuda and base.own_allocator(backend):
         record.cuda_memory_incomparable = (f"{backend.name} keeps its device memory in an allocator of its own, "
                                            "which torch's CUDA peaks don't see")

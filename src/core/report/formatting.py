@@ -61,6 +61,23 @@ def speedup(r: CellResult) -> str:
             + ("*" if r.target_reached is False else ""))
 
 
+def loop_cell(r: CellResult) -> str:
+    """The row's projected loop: ``412 s, 1.21x [1.18, 1.24]``, then ``, 2 recompiles`` where the
+    loop's events recompiled, or why there is no projection."""
+    f = r.loop
+    if f is None:
+        return "–"
+    if f.total_s is None:
+        return md_cell(f"none: {f.error}" if f.error else "–")
+    text = f"{num(f.total_s)} s"
+    if f.speedup_vs_eager is not None:
+        ci = f.speedup_ci
+        text += f", {f.speedup_vs_eager:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci and ci[0] != ci[1] else "")
+    if f.recompiles:
+        text += f", **{f.recompiles} recompile{'s' if f.recompiles > 1 else ''}**"
+    return text
+
+
 def step_time(r: CellResult) -> str:
     """The row's step seconds: eager's paired step over its speedup, with the interval that follows
     (``0.412 [0.398, 0.427]``); its own processes' median where it has no speedup."""

@@ -70,6 +70,15 @@ COLUMNS: tuple[Column, ...] = (
     Column("latency p50 / p90 / p99 (ms)", "percentiles of one batch's forward over every measured step of every "
            "round (linear interpolation between order statistics: with fewer than 100 samples p99 sits near the "
            "slowest step).", ("inference",)),
+    Column("loop: time, vs eager", "the run's training loop (the `loop` line of the setup; `--loop`) projected "
+           "for this row: its compile, first step and warm-up, then every step, evaluation batch, ragged last "
+           "batch and first step after an evaluation the loop holds. After its measured steps each cell meets "
+           "each of those events once, then 5 times more, each later time divided by a full step's timed next to "
+           "it; the projection prices each event at that ratio times the row's step time, plus its first time's "
+           "excess once (a recompile lands there). Then eager's loop ÷ this row's, with the interval that follows "
+           "from the speedup's. **N recompiles**: compiles dynamo started while the cell met the loop's events "
+           "(a ragged batch, a switch to evaluation and back); `none: ...` where the cell could not run an "
+           "event (the loop would fail) or did not rehearse it (`--nproc`).", ("train", "inference")),
     Column("up front (s)", "what the backend costs once beyond eager, wherever its compile lands: compile, plus "
            "what the first step and the warm-up steps took beyond as many steady steps (lazy compiles, recompiles, "
            "CUDA-graph recording, TorchScript's profiling runs), minus the same of eager's; 0 when that is below "

@@ -48,6 +48,8 @@ def setup_rows(report: RunReport) -> list[tuple[str, str]]:
         ("batch", f"{config.batch_size} {md_cell(plural(workload.sample_unit, config.batch_size))}"
                   + (f" per micro-batch, {config.micro_batches} per step" if config.micro_batches > 1 else "")),
         *([] if config.mode == "inference" else [("recipe", md_cell(recipe.describe(config.lr)))]),
+        ("loop", md_cell(workload.loop.describe(config.batch_size, config.mode == "inference"))
+                 + " (each row's loop column projects it; `--loop KEY=VALUE` changes it)"),
         ("measured", _protocol(report)),
         ("started", md_cell(report.started_at or env.get("date", ""))),
     ]

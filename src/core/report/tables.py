@@ -16,7 +16,7 @@ from ..config import RunConfig
 from ..records import CompilePhases, Status
 from ..results import CellResult
 from ..stats import measured_precision, one_off_peak
-from .formatting import break_even, margin, md_cell, num, per_s, speedup, step_time
+from .formatting import break_even, loop_cell, margin, md_cell, num, per_s, speedup, step_time
 
 
 def _parity_cell(r: CellResult) -> str:
@@ -62,6 +62,8 @@ def device_table(results: list[CellResult], config: RunConfig) -> str:
     measured = any(measured_precision(r) for r in results)
     headers = ["backend", "status", "speedup vs eager", "step (s)"]
     headers += ["latency p50 / p90 / p99 (ms)"] if latency else []
+    loop = any(r.loop is not None for r in results)
+    headers += ["loop: time, vs eager"] if loop else []
     headers += ["up front (s)", "break-even",
                 "parity" if any(r.parity and r.parity.margin is not None for r in results) else "parity (max rel. err)"]
     headers += ["computes in"] if measured else []
@@ -71,6 +73,7 @@ def device_table(results: list[CellResult], config: RunConfig) -> str:
         if latency:
             row.append(" / ".join(num(v * 1000 if v is not None else None)
                                   for v in (r.latency_p50_s, r.latency_p90_s, r.latency_p99_s)))
+        row += [loop_cell(r)] if loop else []
         row += [num(r.up_front_s), break_even(r), _parity_cell(r)]
         if measured:
             row.append(_precision_cell(r))

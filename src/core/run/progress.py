@@ -18,6 +18,7 @@ PHASE_LABELS = {
     "first_step": "first step (lazy compilers compile here)",
     "warmup": "warm-up",
     "steps": "measured steps",
+    "loop": "the loop's events (ragged batch, evaluation)",
     "parity": "parity check",
 }
 

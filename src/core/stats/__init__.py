@@ -10,6 +10,7 @@ from .figures import (
     KERNEL_SHARE_HINT,
     LATENCY_PERCENTILES,
     UP_FRONT_NOISE_STEPS,
+    LoopFigures,
     ParityCost,
     TargetCost,
     derive,
@@ -17,6 +18,8 @@ from .figures import (
     kernel_share,
     kernel_share_hint,
     later_round_s,
+    loop_counts,
+    loop_figures,
     measured_precision,
     measured_rounds,
     memory_ratio,
@@ -53,10 +56,10 @@ from .intervals import (
 from .verdict import CONTROL, LOOKS, MAX_LOOKS, VERDICT_CONFIDENCE, Verdict, verdict
 
 __all__ = ["BOOTSTRAP_RESAMPLES", "CONFIDENCE", "CONTROL", "DEFAULT_ALPHA", "KERNEL_SHARE_HINT",
-           "LATENCY_PERCENTILES", "LOOKS", "MAX_LOOKS", "MIN_PAIRED_ROUNDS", "PairedRounds", "ParityCost", "Pooled",
+           "LATENCY_PERCENTILES", "LOOKS", "MAX_LOOKS", "MIN_PAIRED_ROUNDS", "LoopFigures", "PairedRounds", "ParityCost", "Pooled",
            "Rounds", "StepStats", "T_INTERVAL_MIN_ROUNDS", "TargetCost", "UP_FRONT_NOISE_STEPS", "VERDICT_CONFIDENCE", "Verdict",
            "derive", "eager_step_s", "half_width", "interval_ratio", "kernel_share", "kernel_share_hint",
-           "later_round_s", "measured_precision", "measured_rounds", "memory_ratio", "one_off_cost",
+           "later_round_s", "loop_counts", "loop_figures", "measured_precision", "measured_rounds", "memory_ratio", "one_off_cost",
            "one_off_peak", "paired_of", "paired_ratio", "paired_speedup", "parity_cost",
            "round_medians", "round_prior", "rounds_of", "rounds_test", "rounds_to_target", "sentinel_spread",
            "slowest", "speedup_interval", "target_cost", "typical_step_s", "verdict"]

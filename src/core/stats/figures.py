@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from ..records import Status
+from ..config import LoopSpec
+from ..records import LOOP_EVENTS, LoopRehearsal, Status
 from .intervals import (
     CONFIDENCE,
     PairedRounds,
@@ -190,7 +191,7 @@ UP_FRONT_NOISE_STEPS = 1.0
 
 
 def derive(results: Sequence["CellResult"], units_per_step: int, latency: bool = False,
-           target_pct: Optional[float] = None) -> None:
+           target_pct: Optional[float] = None, loop: Optional[LoopSpec] = None, batch_size: int = 0) -> None:
     """Fill the derived figures, device by device. Every speed figure derives from the measurement
     the verdict uses:
 
@@ -209,14 +210,20 @@ def derive(results: Sequence["CellResult"], units_per_step: int, latency: bool =
       (eager's step × (1 - 1 / speedup)), with ``break_even_ci`` from the speedup's interval (its
       upper end None: never, when the interval reaches 1); ``break_even_steps`` 0 when there is
       nothing to repay, None when the speedup's interval holds 1 or lies below it (never repaid);
-    - ``memory_vs_eager``: the backend's steady-state peak / eager's (``memory_ratio``).
+    - ``memory_vs_eager``: the backend's steady-state peak / eager's (``memory_ratio``);
+    - ``loop``: the run's ``loop`` (of ``batch_size`` batches) projected from the row's
+      rehearsal and its step time (``loop_figures``), its speedup over eager's loop with the
+      interval the step's carries (``_derive_loop``).
 
     ``latency`` (inference): each row's batch-latency percentiles (``LATENCY_PERCENTILES``, its own
     steps). ``target_pct``: a paired row's ``target_reached`` says whether its interval's
     half-width is within it.
     """
     for device in dict.fromkeys(r.device for r in results):
-        _derive_device([r for r in results if r.device == device], units_per_step, latency, target_pct)
+        rows = [r for r in results if r.device == device]
+        _derive_device(rows, units_per_step, latency, target_pct)
+        base = next((r for r in rows if r.backend == "eager" and r.status == Status.OK and r.step_s), None)
+        _derive_loop(rows, base, loop or LoopSpec(), batch_size, latency)
 
 
 def _derive_device(rows: Sequence["CellResult"], units_per_step: int, latency: bool,
@@ -280,6 +287,127 @@ def _break_even(r: "CellResult", base: "CellResult", eager_s: float) -> None:
 
     r.break_even_steps = steps(r.speedup_vs_eager)
     r.break_even_ci = [steps(high), steps(low)]
+
+
+@dataclass
+class LoopFigures:
+    """A row's training loop (``config.LoopSpec``) projected from its rehearsal (``loop_figures``):
+    ``total_s`` the loop's seconds (one-off costs, recompiles, train steps, evaluation),
+    ``speedup_vs_eager`` eager's loop seconds over these with ``speedup_ci`` from the step's
+    paired interval, ``recompiles`` the compiles dynamo started while the cell met the loop's
+    events (None where dynamo never ran), ``events`` how many times the loop meets each event
+    (``records.LOOP_EVENTS``; ``full`` includes the first step), ``error`` why there is no
+    projection (the rehearsal failed, or the row has no step time)."""
+
+    total_s: Optional[float] = None
+    speedup_vs_eager: Optional[float] = None
+    speedup_ci: Optional[list[float]] = None
+    recompiles: Optional[int] = None
+    events: dict[str, int] = field(default_factory=dict)
+    error: Optional[str] = None
+
+
+def loop_counts(loop: LoopSpec, batch_size: int, inference: bool = False) -> dict[str, int]:
+    """How many times ``loop`` meets each event (``records.LOOP_EVENTS``): step ``g`` (counted
+    from 1 across epochs) is ``ragged`` when it ends an epoch on a smaller batch, else ``resume``
+    when an evaluation came just before it, else ``after_ragged`` once a ragged step has passed,
+    else ``full``; ``eval`` counts evaluation batches, ``eval_steps`` after every ``eval_every``
+    steps. Exact, in closed form (a loop may hold millions of steps)."""
+    n, total = loop.epoch_steps, loop.epochs * loop.epoch_steps
+    ragged = loop.ragged(batch_size)
+    every = loop.eval_every if not inference else 0
+    rounds = total // every if every else 0
+    # Evaluation k (after step k * every) is followed by step k * every + 1, if there is one.
+    followed = min(rounds, (total - 1) // every) if every else 0
+
+    def ragged_resumes(lo: int, hi: int) -> int:
+        """Evaluations k in [lo, hi] whose next step is an epoch's last (ragged, so not a resume)."""
+        if not ragged or hi < lo:
+            return 0
+        if n == 1:
+            return hi - lo + 1
+        if math.gcd(every, n) != 1:  # k * every = -1 (mod n) has no solution
+            return 0
+        k0 = (-pow(every, -1, n)) % n or n  # the smallest k >= 1 that solves it
+
+        def upto(m: int) -> int:
+            return 0 if m < k0 else (m - k0) // n + 1
+
+        return upto(hi) - upto(lo - 1)
+
+    resumes = followed - ragged_resumes(1, followed)
+    counts = dict.fromkeys(LOOP_EVENTS, 0)
+    counts["eval"] = rounds * loop.eval_steps
+    counts["resume"] = resumes
+    if not ragged:
+        counts["full"] = total - resumes
+        return counts
+    late_from = -(-n // every) if every else followed + 1  # the first k whose next step is in epoch 2 or later
+    late = max(0, followed - late_from + 1) - ragged_resumes(late_from, followed)
+    counts["ragged"] = loop.epochs
+    counts["full"] = (n - 1) - (resumes - late)
+    counts["after_ragged"] = (loop.epochs - 1) * (n - 1) - late
+    return counts
+
+
+def loop_total_s(r: "CellResult", rehearsal: LoopRehearsal, counts: dict[str, int], step_s: float) -> float:
+    """The loop's seconds at a steady full step of ``step_s``: the row's one-off cost
+    (``one_off_cost``), ``full`` steps of ``step_s``, and every other event as often as the loop
+    meets it at ``step_s`` times its ``ratio`` (what the rehearsal measured it costs against a
+    full step in the same process and second), its first time's excess over its steady time
+    once. The loop so moves with the paired step figure: the pairs say what a full step costs."""
+    total = one_off_cost(r, step_s) + counts["full"] * step_s
+    for name, count in counts.items():
+        event = rehearsal.event(name)
+        if name == "full" or not count:
+            continue
+        assert event is not None
+        total += max(0.0, event.first_s - event.steady_s) + count * step_s * event.ratio
+    return total
+
+
+def loop_figures(r: "CellResult", loop: LoopSpec, batch_size: int, inference: bool) -> Optional[LoopFigures]:
+    """A row's ``LoopFigures`` without the speedup (``_derive_device`` adds it against eager's);
+    None for a row whose cell did not rehearse the loop (``--nproc``, later rounds alone, reports
+    from before it)."""
+    rehearsal = r.loop_rehearsal
+    if rehearsal is None:
+        return None
+    counts = loop_counts(loop, batch_size, inference)
+    needed = [name for name, count in counts.items() if count]
+    met = {e.name for e in rehearsal.events}
+    figures = LoopFigures(events=counts, error=rehearsal.error)
+    seen = [e for e in rehearsal.events if e.name in needed]
+    if all(e.compiles is not None and e.steady_compiles is not None for e in seen):
+        figures.recompiles = sum((e.compiles or 0) + (e.steady_compiles or 0) for e in seen)
+    missing = (set(needed) | {"full"}) - met
+    if missing and figures.error is None:
+        figures.error = f"the rehearsal lacks {', '.join(sorted(missing))}"
+    if figures.error is None and r.step_time_s is not None:
+        figures.total_s = loop_total_s(r, rehearsal, counts, r.step_time_s)
+    return figures
+
+
+def _derive_loop(rows: Sequence["CellResult"], base: Optional["CellResult"], loop: LoopSpec, batch_size: int,
+                 inference: bool) -> None:
+    """Each row's ``loop`` and, against eager's loop, its ``speedup_vs_eager`` and interval (the
+    step's paired interval carried through ``loop_total_s``)."""
+    for r in rows:
+        r.loop = loop_figures(r, loop, batch_size, inference) if r.status == Status.OK else None
+    eager = base.loop if base is not None else None
+    if eager is None or eager.total_s is None:
+        return
+    for r in rows:
+        f = r.loop
+        if f is None or f.total_s is None or r.loop_rehearsal is None:
+            continue
+        f.speedup_vs_eager = eager.total_s / f.total_s
+        if r is base:
+            f.speedup_ci = [1.0, 1.0]
+        elif r.step_time_ci is not None:
+            counts = f.events
+            slow, fast = (loop_total_s(r, r.loop_rehearsal, counts, s) for s in (r.step_time_ci[1], r.step_time_ci[0]))
+            f.speedup_ci = [eager.total_s / slow, eager.total_s / fast]
 
 
 def _median_later(per_round: Optional[Sequence[Optional[float]]]) -> Optional[float]:

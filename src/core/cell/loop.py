@@ -1,0 +1,125 @@
+"""The loop around the step: each distinct event of the run's training loop met in the cell.
+
+A repeated step hides what a user's loop pays: the recompile on an epoch's last, smaller
+batch, on switching to evaluation and back, and a graph made dynamic by that batch that every
+later step then runs. After the measured steps (so none of the step's figures, memory peaks or
+diagnostics hold any of it) the cell meets each event the run's loop has (``config.LoopSpec``;
+``records.LOOP_EVENTS``) once, then ``REPEATS`` more times, timing each and counting the
+compiles dynamo starts. The parent projects the loop's time from them
+(``stats.figures.loop_figures``); nothing here is a projection.
+"""
+from __future__ import annotations
+
+import statistics
+import traceback
+from typing import Any, Callable, Optional
+
+import torch
+
+from ..config import LoopSpec
+from ..records import LoopEvent, LoopRehearsal
+from .timing import timed
+
+#: Later times of each event after its first (``steady_s`` and ``ratio`` are their medians).
+REPEATS = 5
+
+
+def _set_mode(model: torch.nn.Module, forward: Any, training: bool) -> None:
+    """Train or eval mode, on the model and on the backend's module where it is another one."""
+    model.train(training)
+    if isinstance(forward, torch.nn.Module) and forward is not model:
+        forward.train(training)
+
+
+def rehearse(loop: LoopSpec, batch_size: int, micro_batches: int, inference: bool, model: torch.nn.Module,
+             forward: Any, step: Callable, batch: Callable[[int], tuple[Any, Any]], loss: Callable,
+             device: torch.device, compiles: Callable[[], Optional[int]]) -> LoopRehearsal:
+    """Meet ``loop``'s events with the cell's trained ``model``, the backend's ``forward`` and
+    ``step`` (the step the cell measured, scheduler included), on ``batch(k)`` (the pool's k-th
+    batch, ``micro_batches`` of ``batch_size`` samples). ``compiles()`` counts the compiles dynamo
+    has started in the cell (None where it never ran). Never raises: an event that fails ends the
+    rehearsal with its ``error``, the events before it kept.
+
+    Each later time of an event is divided by a full step timed next to it (``LoopEvent.ratio``),
+    so a ratio holds the event's cost, not the machine's drift between seconds. Evaluations come
+    first, while full steps are still what the paired measurement timed; after the first ragged
+    batch a compiler may have made its graph dynamic, so a ragged step is compared with the full
+    step after it (``after_ragged``), whose own ratio compares the blocks of full steps before
+    and after that batch."""
+    rehearsal = LoopRehearsal()
+    counter = iter(range(1, 1 << 30))
+    last = (loop.last_batch or batch_size) * micro_batches  # each micro-batch of the last step holds last_batch
+
+    def full() -> Any:
+        x, y = batch(next(counter))
+        return step(x, y)
+
+    def short() -> Any:
+        x, y = batch(next(counter))
+        return step(x[:last], y[:last])
+
+    def evaluation() -> Any:
+        x, y = batch(next(counter))
+        x, y = x.chunk(micro_batches)[0], y.chunk(micro_batches)[0]
+        with torch.no_grad():
+            return loss(forward(x), y)
+
+    def once(fn: Callable[[], Any]) -> tuple[float, Optional[int]]:
+        before = compiles()
+        _, seconds = timed(fn, device)
+        after = compiles()
+        return seconds, (after - before if before is not None and after is not None else None)
+
+    def met(name: str, first: tuple[float, Optional[int]], later: list[tuple[float, Optional[int]]],
+            ratio: float) -> None:
+        counts = [c for _, c in later]
+        rehearsal.events.append(LoopEvent(
+            name, first[0], statistics.median(s for s, _ in later), ratio, first[1],
+            None if any(c is None for c in counts) else sum(c for c in counts if c is not None)))
+
+    name = "full"
+    try:
+        first, fulls = once(full), [once(full) for _ in range(REPEATS)]
+        met("full", first, fulls, 1.0)
+        if loop.eval_every and not inference:
+            # Each evaluation switches to eval mode and back: its first batch and the first train
+            # step after it are where a compiler recompiles; the later evaluations show whether it
+            # does so every time. Each is compared with the full step just before it.
+            evals, resumes, eval_ratios, resume_ratios = [], [], [], []
+            for k in range(1 + REPEATS):
+                name = "full"
+                before, _ = once(full)
+                name = "eval"
+                _set_mode(model, forward, False)
+                evals.append(once(evaluation))
+                _set_mode(model, forward, True)
+                name = "resume"
+                resumes.append(once(full))
+                if k:
+                    eval_ratios.append(evals[-1][0] / before)
+                    resume_ratios.append(resumes[-1][0] / before)
+            met("eval", evals[0], evals[1:], statistics.median(eval_ratios))
+            met("resume", resumes[0], resumes[1:], statistics.median(resume_ratios))
+        if loop.ragged(batch_size):
+            name = "full"
+            pre = [once(full) for _ in range(REPEATS)]
+            name = "ragged"
+            ragged_first = once(short)
+            name = "after_ragged"
+            post_first = once(full)
+            raggeds, posts, ragged_ratios = [], [], []
+            for _ in range(REPEATS):
+                name = "ragged"
+                raggeds.append(once(short))
+                name = "after_ragged"
+                posts.append(once(full))
+                ragged_ratios.append(raggeds[-1][0] / posts[-1][0])
+            drift = statistics.median(s for s, _ in posts) / statistics.median(s for s, _ in pre)
+            met("ragged", ragged_first, raggeds, statistics.median(ragged_ratios) * drift)
+            if loop.epochs > 1:
+                met("after_ragged", post_first, posts, drift)
+    except Exception as exc:
+        _set_mode(model, forward, not inference)
+        summary = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        rehearsal.error = f"{name}: {summary}"[:400]
+    return rehearsal
