@@ -75,3 +75,19 @@ def test_compile_regional_is_skipped_with_the_reason_on_a_model_without_repeated
     rows = _run("seed-cnn", ("eager", "compile-regional"))
     r = rows["compile-regional"]
     assert r.status is Status.SKIPPED and "no repeated blocks" in r.error and "blocks=CLASS" in r.error, r.error
+
+
+@pytest.mark.e2e
+def test_a_warm_cache_run_measures_the_start_from_the_cold_runs_portable_cache(tiny_config):
+    """--compile-cache warm: cold (saving torch.compiler's portable cache), warm (its directory), and
+    from an empty directory loaded with the portable cache; eager compiles nothing to ship."""
+    from cnncompare.core.run.cell import run_cell
+
+    registry = load_registry(entry_points=False)
+    config = tiny_config(compile_cache="warm", backends=("compile",))
+    r = run_cell(registry.get("compile"), None, DeviceSlot("cpu"), config)
+    assert r.status is Status.OK and r.compile_cache == "warm", (r.error, r.error_tail)
+    assert r.cold_first_step_s is not None and r.portable_status == "ok", (r.portable_status, r.error_tail)
+    assert r.portable_first_step_s is not None and r.portable_compile_s is not None and r.portable_cache_mb > 0
+    eager = run_cell(registry.get("eager"), None, DeviceSlot("cpu"), config)
+    assert eager.status is Status.OK and eager.portable_status is None and eager.portable_compile_s is None

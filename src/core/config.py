@@ -246,7 +246,9 @@ class RunConfig:
         metavar="MB", shown_default="no cap")
     compile_cache: str = option(
         "cold", "--compile-cache", "cold: every cell compiles from an empty cache; warm: each cell runs twice "
-        "sharing its cache, reporting the warm run with the cold compile times beside it", choices=COMPILE_CACHE_MODES)
+        "sharing its cache, reporting the warm run with the cold compile times beside it, and a third time from "
+        "an empty cache loaded with the cold run's portable cache (torch.compiler.save_cache_artifacts)",
+        choices=COMPILE_CACHE_MODES)
     compile_threads: Optional[int] = option(
         None, "--compile-threads", "inductor compile workers (TORCHINDUCTOR_COMPILE_THREADS); 1 compiles "
         "in-process. Workers are processes of their own: their peak RSS is reported beside the cell's", minimum=1,

@@ -273,6 +273,9 @@ class Measured:
     distributed: Optional[DistributedFigures] = None
     #: The run's loop, rehearsed after the measured steps (None: not rehearsed; ``--nproc``).
     loop_rehearsal: Optional[LoopRehearsal] = None
+    #: A cell that loaded a portable compile cache: what loading it took (in ``compile_s``) and its size.
+    artifacts_load_s: Optional[float] = None
+    artifacts_mb: Optional[float] = None
     error: Optional[str] = None
     error_tail: Optional[str] = None
     notes: list[str] = field(default_factory=list)
@@ -361,6 +364,18 @@ class CellOrder:
     #: Set: after its warm-up the cell serves its measured steps on command through the parent's
     #: socket at this path (``cell/serve.py``), one of a warm pair, instead of timing ``steps``.
     serve: Optional[str] = None
+    #: Set: the portable compile cache (``torch.compiler.save_cache_artifacts``) at this path:
+    #: written after the cell's steps (``CacheArtifacts.load`` false), or loaded before its compile.
+    artifacts: Optional["CacheArtifacts"] = None
+
+
+@dataclass(frozen=True)
+class CacheArtifacts:
+    """A cell's portable compile cache: ``path`` to write it to after the cell's steps, or (``load``)
+    to load it from before the compile, the load timed as part of the compile."""
+
+    path: str
+    load: bool = False
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,13 @@ class CellResult(Measured):
     compile_cache: Optional[str] = None
     cold_compile_s: Optional[float] = None
     cold_first_step_s: Optional[float] = None
+    #: ``--compile-cache warm``: a third run from an empty cache loaded with the cold run's portable
+    #: cache (``torch.compiler.load_cache_artifacts``, its load in the compile), its status, and the
+    #: cache's size; None where the cold run saved none (nothing compiled).
+    portable_compile_s: Optional[float] = None
+    portable_first_step_s: Optional[float] = None
+    portable_cache_mb: Optional[float] = None
+    portable_status: Optional[str] = None
     wall_s: Optional[float] = None
     # Each round's median step seconds; with --rounds > 1 also each round's samples (step_s
     # pools them), compile and first-step seconds (round 1's are the cold ones).

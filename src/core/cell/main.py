@@ -117,7 +117,7 @@ def main(argv: list[str]) -> int:
         reporting = rank is None or rank.reports
         record = measure(backend, workload, order.config, order.device, checkpoint, order.cell_dir, order.run_dir,
                          _phase_reporter(order.progress_path if reporting else None), rank, judge=order.judge,
-                         serve=order.serve)
+                         serve=order.serve, artifacts=order.artifacts)
     record.notes = record.notes + _capture_notes(caught)
     return write(record, final=True)
 

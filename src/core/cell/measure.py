@@ -40,7 +40,7 @@ import torch
 from ...backends import base
 from ...workloads.factory import WorkloadError
 from ..config import RunConfig
-from ..records import CellRecord, Status
+from ..records import CacheArtifacts, CellRecord, Status
 from . import rank as ddp
 from . import reference
 from .diagnostics import DynamoWatch
@@ -181,7 +181,7 @@ def _no_tick(i: int) -> None:
 def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
             checkpoint: Callable[[CellRecord], None], cell_dir: str, run_dir: Optional[str] = None,
             on_phase: PhaseReporter = _no_phase, rank: Optional[Rank] = None, judge: bool = True,
-            serve: Optional[str] = None) -> CellRecord:
+            serve: Optional[str] = None, artifacts: Optional[CacheArtifacts] = None) -> CellRecord:
     """Measure ``backend`` training ``workload`` on ``device_name``; return the child's record.
 
     ``checkpoint`` is called with the record once timing and memory are
@@ -191,6 +191,9 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
 
     ``judge`` False (a later round of ``--rounds``) takes time and memory only: no parity
     snapshots, check or roofline (the first round's stand for the row).
+
+    ``artifacts``: write the cell's portable compile cache after its steps, or load one before
+    its compile (``records.CacheArtifacts``; the load counts in ``compile_s``).
 
     ``serve`` (a socket path): after the warm-up the measured steps are the ones the parent asks
     for through it (``serve.py``), interleaved with an eager peer's, instead of ``config.steps``
@@ -262,8 +265,12 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
                 torch.manual_seed(step_seed(config.seed, k))
             return pool[(k - 1) % len(pool)]
 
+        loaded_s = 0.0
+        if artifacts is not None and artifacts.load:  # what a start from a shipped cache pays first
+            record.artifacts_mb, loaded_s = load_artifacts(artifacts.path, device)
+            record.artifacts_load_s = loaded_s
         model, forward, step, compile_s = _prepare(backend, job, device, rank)
-        record.compile_s = compile_s
+        record.compile_s = loaded_s + compile_s
         phase = "first_step"
         on_phase(phase, 0, 1)
         loss, record.first_step_s = timed(functools.partial(step, *inputs(1)), device)
@@ -345,6 +352,9 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
         record.loop_rehearsal = rehearse(
             config.workload.loop, config.batch_size, job.micro_batches, job.inference, model, forward, step,
             inputs, job.loss, device, watch.compiles if record.dynamo is not None else lambda: None)
+    if artifacts is not None and not artifacts.load and (rank is None or rank.rank == 0):
+        # After the loop's compiles: what a user would ship. One rank writes it.
+        save_artifacts(artifacts.path)
     if cuda and base.own_allocator(backend):
         record.cuda_memory_incomparable = (f"{backend.name} keeps its device memory in an allocator of its own, "
                                            "which torch's CUDA peaks don't see")
@@ -407,6 +417,25 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
         record.status = Status.FAIL_ACCURACY
         record.error = f"parity: {parity.detail}"
     return record
+
+
+def save_artifacts(path: str) -> None:
+    """Write what this process compiled as a portable cache (``torch.compiler.save_cache_artifacts``)
+    to ``path``; nothing where nothing was compiled or this torch has no such API."""
+    save = getattr(torch.compiler, "save_cache_artifacts", None)
+    saved = save() if save is not None and "torch._dynamo" in sys.modules else None
+    if saved is not None and saved[0]:
+        with open(path, "wb") as f:
+            f.write(saved[0])
+
+
+def load_artifacts(path: str, device: torch.device) -> tuple[float, float]:
+    """Load the portable cache at ``path`` into this process's (empty) compile cache; its size in
+    MB and the seconds loading it took."""
+    with open(path, "rb") as f:
+        data = f.read()
+    _, seconds = timed(lambda: torch.compiler.load_cache_artifacts(data), device)
+    return len(data) / 2**20, seconds
 
 
 def compile_threads() -> Optional[int]:

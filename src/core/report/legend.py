@@ -143,7 +143,10 @@ COLUMNS: tuple[Column, ...] = (
            "generated C++ or Triton (with the wait on its workers); kernel autotuning in brackets where torch timed "
            "it. The JSON has them per row under `dynamo.compile_phases`."),
     Column("compile cache", "`cold` by default (a fresh inductor cache per cell); `--compile-cache warm` runs each "
-           "cell twice sharing its cache and reports the warm run, the cold times beside it."),
+           "cell three times: cold, saving its portable cache (`torch.compiler.save_cache_artifacts`); warm, sharing "
+           "the cold run's cache directory, the run the row reports; and from an empty cache loaded with the portable "
+           "one (`load_cache_artifacts`, its load counted in the compile), as a fresh machine or CI job would start. "
+           "The cold and portable compile and first step are in brackets."),
     Column("compile workers (peak RSS)", "inductor's compile workers in the cell (torch's own count unless "
            "`--compile-threads`); their summed peak RSS, sampled every 0.1 s through compile and warm-up, in "
            "brackets."),

@@ -157,7 +157,13 @@ def diagnostics_table(results: list[CellResult]) -> Optional[str]:
         phases = "–" if d is None or d.compile_phases is None else _phases(d.compile_phases)
         cache = r.compile_cache or "–"
         if r.cold_compile_s is not None:
-            cache += f" (cold: compile {num(r.cold_compile_s)} s, first step {num(r.cold_first_step_s)} s)"
+            cache += f" (cold: compile {num(r.cold_compile_s)} s, first step {num(r.cold_first_step_s)} s"
+            if r.portable_compile_s is not None:
+                cache += (f"; from a portable cache of {num(r.portable_cache_mb)} MB: compile {num(r.portable_compile_s)}"
+                          f" s, first step {num(r.portable_first_step_s)} s")
+            elif r.portable_status is not None:
+                cache += f"; from a portable cache: {r.portable_status}"
+            cache += ")"
         rows.append([
             md_cell(r.backend),
             num(r.achieved_gflops),

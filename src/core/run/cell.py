@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional
 
 from ...backends import base
 from ..config import RunConfig
-from ..records import CellRecord, ReferenceInfo, ReferencePlan, Status
+from ..records import CacheArtifacts, CellRecord, ReferenceInfo, ReferencePlan, Status
 from ..results import CellResult
 from . import torchrun
 from .devices import DeviceSlot
@@ -173,8 +173,8 @@ def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunC
             return result
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="cnncompare-cell-") as cell_dir:
-        outcome, cold = _measure(backend, workload, slot.name, config, cell_dir, run_dir, on_phase,
-                                 cache_dir or os.path.join(cell_dir, "compile-cache"), judge, pairing)
+        outcome, cold, portable = _measure(backend, workload, slot.name, config, cell_dir, run_dir, on_phase,
+                                           cache_dir or os.path.join(cell_dir, "compile-cache"), judge, pairing)
         result = _result(outcome, config, row)
         if pairing is not None and result.step_s is not None:  # drive reset them when the pairs began
             paired = pairing.eager_samples
@@ -186,10 +186,14 @@ def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunC
                 result.eager_cuda_peak_reserved_steady_mb = eager.cuda_peak_reserved_steady_mb
         if cold is not None and cold.record is not None:
             result.cold_compile_s, result.cold_first_step_s = cold.record.compile_s, cold.record.first_step_s
+        if portable is not None and portable.record is not None:
+            p = portable.record
+            result.portable_compile_s, result.portable_first_step_s = p.compile_s, p.first_step_s
+            result.portable_cache_mb, result.portable_status = p.artifacts_mb, p.status.value
         if config.distributed and judge and result.status == Status.OK and result.distributed is not None:
             # Scaling efficiency's denominator; a failed DDP cell has no efficiency to compute.
             alone = config.single_process()
-            single, _ = _measure(backend, workload, slot.name, alone, os.path.join(cell_dir, "single"), run_dir,
+            single, _, _ = _measure(backend, workload, slot.name, alone, os.path.join(cell_dir, "single"), run_dir,
                                  lambda name, done, total: on_phase(f"single-process-{name}", done, total),
                                  os.path.join(cell_dir, "single-compile-cache"), judge=False)
             one = _result(single, alone, row)
@@ -359,15 +363,19 @@ def unavailable(backend: Any, device: str, config: RunConfig) -> Optional[str]:
 
 def _measure(backend: Any, workload: Any, device: str, config: RunConfig, cell_dir: str, run_dir: Optional[str],
              on_phase: PhaseCallback, cache: str, judge: bool = True,
-             pairing: Optional[Pairing] = None) -> tuple[Outcome, Optional[Outcome]]:
+             pairing: Optional[Pairing] = None) -> tuple[Outcome, Optional[Outcome], Optional[Outcome]]:
     """The cell's measuring child(ren) in ``cell_dir`` with the compile cache ``cache``: one run,
-    or with ``--compile-cache warm`` a cold run and then a warm one sharing it. Returns the
-    outcome to report and, in warm mode, the cold one (its compile times go beside it). With
-    ``pairing`` the reported child serves its steps, driven by ``pairing.drive``."""
+    or with ``--compile-cache warm`` a cold run (which saves its portable cache,
+    ``torch.compiler.save_cache_artifacts``), a warm one sharing its cache, and one from an empty
+    cache loaded with the portable one (``load_cache_artifacts``; time and memory only). Returns
+    the outcome to report and, in warm mode, the cold and the portable ones (their compile times
+    go beside it; the portable None where the cold run saved nothing). With ``pairing`` the
+    reported child serves its steps, driven by ``pairing.drive``."""
 
-    def child(name: str, serve: bool) -> Outcome:
+    def child(name: str, serve: bool, cache: str = cache, judge: bool = judge,
+              artifacts: Optional[CacheArtifacts] = None) -> Outcome:
         started = Child(backend, workload, device, config, os.path.join(cell_dir, name), cache, run_dir, on_phase,
-                        judge, serve=serve)
+                        judge, serve=serve, artifacts=artifacts)
         try:
             if serve and (peer := started.wait_ready()) is not None:
                 assert pairing is not None
@@ -377,11 +385,17 @@ def _measure(backend: Any, workload: Any, device: str, config: RunConfig, cell_d
             started.close()
 
     if config.compile_cache != "warm":
-        return child("run", pairing is not None), None
-    cold = child("cold", False)
+        return child("run", pairing is not None), None, None
+    portable = os.path.join(cell_dir, "portable-cache.bin")
+    cold = child("cold", False, artifacts=CacheArtifacts(portable))
     if not cold.succeeded:
-        return cold, None
-    return child("warm", pairing is not None), cold
+        return cold, None, None
+    warm = child("warm", pairing is not None)
+    if not os.path.exists(portable):  # nothing was compiled, or this torch can't save a portable cache
+        return warm, cold, None
+    # From an empty cache loaded with the cold run's artifacts, as another machine would start.
+    return warm, cold, child("portable", False, os.path.join(cell_dir, "portable-compile-cache"), False,
+                             CacheArtifacts(portable, load=True))
 
 
 def _result(outcome: Outcome, config: RunConfig, row: dict) -> CellResult:

@@ -28,7 +28,7 @@ import psutil
 
 from ..config import RunConfig
 from ..processes import die_with_parent
-from ..records import CellOrder, CellRecord, ReferencePlan, Shipped, Status
+from ..records import CacheArtifacts, CellOrder, CellRecord, ReferencePlan, Shipped, Status
 from . import torchrun
 from .forkserver import ForkServer
 from .pairs import Listener, Peer, PeerLost
@@ -183,7 +183,7 @@ class _PhaseReader:
 
 class Child:
     """One child process (one torchrun job under ``--nproc``), started at construction and
-    supervised by ``wait_ready`` and ``finish`` (``judge``, ``reference`` and ``serve``: see
+    supervised by ``wait_ready`` and ``finish`` (``judge``, ``reference``, ``serve`` and ``artifacts``: see
     ``CellOrder``).
 
     A serving child (``serve``) connects to its ``Listener`` once warm: ``wait_ready`` returns its
@@ -194,7 +194,8 @@ class Child:
 
     def __init__(self, backend: Any, workload: Any, device: str, config: RunConfig, workdir: str, cache_dir: str,
                  run_dir: Optional[str], on_phase: PhaseCallback, judge: bool = True,
-                 reference: Optional[ReferencePlan] = None, serve: bool = False):
+                 reference: Optional[ReferencePlan] = None, serve: bool = False,
+                 artifacts: Optional[CacheArtifacts] = None):
         os.makedirs(workdir)
         self.config, self.workdir = config, workdir
         self.listener = Listener() if serve else None
@@ -204,7 +205,7 @@ class Child:
                           workload=Shipped.of("workload", workload), config=config, device=device,
                           result_path=os.path.join(workdir, "result.json"), cell_dir=workdir, run_dir=run_dir,
                           progress_path=progress, judge=judge, reference=reference,
-                          serve=self.listener.path if self.listener else None)
+                          serve=self.listener.path if self.listener else None, artifacts=artifacts)
         order_path = os.path.join(workdir, "order.pkl")
         fd = os.open(order_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as f:
