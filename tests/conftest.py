@@ -26,29 +26,38 @@ if "CNNCOMPARE_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["CNNCOMPARE_CACHE_DIR"], True)
 
 
+#: The suite's shared compile cache (``_shared_compile_cache``); None: each cell's own (``cold_compiles``).
+SHARED_COMPILE_CACHE: dict[str, str] = {}
+
+
 @pytest.fixture(autouse=True, scope="session")
-def _shared_kernel_cache(tmp_path_factory):
+def _shared_compile_cache(tmp_path_factory):
     """Every cell compiles in a cache directory of its own, cold, as a user's first run does. Here
-    the suite's cold cells share inductor's C++ kernel cache instead: each cell still traces and
-    lowers its graphs (the FX-graph and AOTAutograd caches are off), but a kernel an earlier cell
-    already built with gcc is loaded, not rebuilt: a tiny cell's compile drops from ~11 s to ~4 s
-    on 2 cores, and the suite stays under its 10 minutes. No test asserts a compile time;
-    ``--compile-cache warm`` cells keep the harness's own directories."""
+    the suite's cold cells share one instead: a graph an earlier cell compiled (inductor's FX
+    graphs, AOT autograd's, the C++ kernels gcc built) is loaded, not built again, and a tiny
+    cell's compile drops from ~11 s to a few on 2 cores. No test asserts a compile time; a test
+    about what a cold compile does takes ``cold_compiles``. ``--compile-cache warm`` cells keep
+    the harness's own directories."""
     from cnncompare.core.run import launch
 
-    shared = str(tmp_path_factory.mktemp("kernel-cache"))
+    SHARED_COMPILE_CACHE["dir"] = str(tmp_path_factory.mktemp("compile-cache"))
     own = launch.child_env
 
     def child_env(cache_dir, config):
         env = own(cache_dir, config)
-        if config.compile_cache == "cold":
-            env.update(TORCHINDUCTOR_CACHE_DIR=os.path.join(shared, "inductor"), TORCHINDUCTOR_FX_GRAPH_CACHE="0",
-                       TORCHINDUCTOR_AUTOGRAD_CACHE="0")
+        if config.compile_cache == "cold" and "dir" in SHARED_COMPILE_CACHE:
+            env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(SHARED_COMPILE_CACHE["dir"], "inductor")
         return env
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(launch, "child_env", child_env)
         yield
+
+
+@pytest.fixture
+def cold_compiles(monkeypatch):
+    """This test's cells compile cold, each in its own cache directory, as a user's first run does."""
+    monkeypatch.delitem(SHARED_COMPILE_CACHE, "dir")
 
 
 @pytest.fixture

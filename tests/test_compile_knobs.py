@@ -53,7 +53,9 @@ def _run(name: str, backends) -> dict:
 
 
 @pytest.mark.e2e
-def test_the_new_compile_backends_train_correctly_and_report_their_compile_phases():
+def test_the_new_compile_backends_train_correctly_and_report_their_compile_phases(cold_compiles):
+    """Cold compiles (the suite's shared cache would load graphs other tests compiled, leaving
+    inductor nothing to do) of each new backend: its phases, and regional compilation's one graph."""
     rows = _run(BLOCKS, ("eager", "compile-dynamic", "compile-mark-dynamic", "compile-regional"))
     for name in ("compile-dynamic", "compile-mark-dynamic", "compile-regional"):
         r = rows[name]

@@ -6,7 +6,7 @@ import pytest
 from _tiny import TINY
 from _usage import run_cli
 from cnncompare.core.config import ConfigError, LoopSpec, RunConfig, WorkloadSpec
-from cnncompare.core.records import LOOP_EVENTS, LoopEvent, LoopRehearsal, Status
+from cnncompare.core.records import LOOP_EVENTS, DynamoStats, LoopEvent, LoopRehearsal, Status
 from cnncompare.core.results import CellResult, RunReport
 from cnncompare.core.run.devices import DeviceSlot
 from cnncompare.core.run.orchestrate import plan_cells, run_cells
@@ -47,9 +47,13 @@ def test_inference_loops_have_no_evaluation():
 
 
 def _row(backend: str, first_step_s: float, ragged_first_s: float, ratio: float) -> CellResult:
+    """A row whose rehearsal met a full step and a ragged one (whose first time compiled once),
+    as dynamo's backends' rows (``compile``) are; eager's has no dynamo figures."""
     events = [LoopEvent("full", 0.1, 0.1, 1.0, 0, 0), LoopEvent("ragged", ragged_first_s, 0.05, ratio, 1, 0)]
+    dynamo = None if backend == "eager" else DynamoStats(graphs=1, graph_breaks=0, recompiles=0, frames_compiled=1,
+                                                          frames_seen=1, fell_back_to_eager=False)
     return CellResult(backend=backend, device="cpu", compile_s=0.0, first_step_s=first_step_s, warmup_s=[0.1],
-                      loop_rehearsal=LoopRehearsal(events))
+                      loop_rehearsal=LoopRehearsal(events), dynamo=dynamo)
 
 
 def test_the_projection_prices_each_event_at_its_ratio_to_the_paired_step_and_its_recompile_once():
@@ -79,11 +83,24 @@ def test_a_report_gives_every_ok_row_its_loop_and_eagers_loop_over_it():
     compiled.round_eager_samples = [[0.1] * 4]
     report = RunReport(environment={}, config=config, results=[eager, compiled])
     e, c = (r.loop for r in report.results)
-    assert e.total_s == pytest.approx(9 * 0.1 + 0.1 * 0.5) and e.speedup_vs_eager == 1.0
+    assert e.total_s == pytest.approx(9 * 0.1 + 0.1 * 0.5) and e.speedup_vs_eager == 1.0 and e.recompiles is None
     assert c.recompiles == 1 and c.speedup_vs_eager == pytest.approx(e.total_s / c.total_s)
     assert c.total_s > e.total_s  # ten steps never repay a 5 s compile
     again = RunReport.from_json(report.to_json())
     assert again.results[1].loop == c and again.config.workload.loop == loop
+
+
+def test_a_loop_of_full_steps_alone_is_projected_from_the_step_without_a_rehearsal():
+    """Nothing to rehearse: the measured steps are the loop's steps."""
+    from cnncompare.core.stats import StepStats
+
+    loop = LoopSpec(epoch_steps=100, epochs=2)
+    config = RunConfig(**{**TINY, "workload": WorkloadSpec("seed-cnn", {"image_size": 8}, "image", loop=loop),
+                          "backends": ("eager",), "devices": ("cpu",)})
+    eager = CellResult(backend="eager", device="cpu", compile_s=0.0, first_step_s=0.3, warmup_s=[0.1],
+                       loop_rehearsal=LoopRehearsal(), step_s=StepStats.from_samples([0.1] * 4))
+    f = RunReport(environment={}, config=config, results=[eager]).results[0].loop
+    assert f.error is None and f.total_s == pytest.approx(0.2 + 200 * 0.1) and f.events["full"] == 200
 
 
 def test_a_failed_rehearsal_leaves_no_projection_and_says_why():

@@ -1,5 +1,6 @@
 """The workload's training recipe: its optimizer, scheduler, clipping and micro-batches, followed by
 every backend's cell and by the float64 reference, and judged by parity."""
+import contextlib
 import dataclasses
 
 import pytest
@@ -91,6 +92,24 @@ def _one_step(count: int, clip=None):
     loss = make_train_step(model, optimizer, nn.functional.cross_entropy, recipe, list(model.parameters()))(x, y)
     norm = torch.cat([p.grad.flatten() for p in model.parameters()]).norm()
     return float(loss), [p.detach().clone() for p in model.parameters()], float(norm)
+
+
+def test_a_ddp_module_skips_the_all_reduce_on_every_micro_batch_but_the_last():
+    """DistributedDataParallel's ``no_sync``, as a DDP user accumulates: one reduction per step."""
+    entered = []
+
+    class Wrapped(nn.Linear):  # stands in for a DDP-wrapped module: only its no_sync matters here
+        @contextlib.contextmanager
+        def no_sync(self):
+            entered.append(True)
+            yield
+
+    torch.manual_seed(1)
+    model = Wrapped(5, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = make_train_step(model, optimizer, nn.functional.cross_entropy, cnncompare.Recipe(accumulation_steps=4))
+    step(torch.randn(8, 5), torch.randint(0, 3, (8,)))
+    assert len(entered) == 3
 
 
 def test_micro_batches_train_as_the_whole_batch_does():

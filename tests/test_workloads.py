@@ -125,5 +125,7 @@ def test_cli_runs_the_named_workload_and_records_it(tmp_path):
     assert data["config"]["workload"] == {"name": "toy-mlp", "options": {"features": 16, "classes": 4, "hidden": 32},
                                           "sample_unit": "vector", "throughput_unit": "vector", "units_per_sample": 1,
                                           "recipe": {"optimizer": "", "scheduler": "", "clip_grad_norm": None,
-                                                     "accumulation_steps": 1}}
+                                                     "accumulation_steps": 1},
+                                          "loop": {"epoch_steps": 1000, "last_batch": None, "eval_every": 0,
+                                                   "eval_steps": 10, "epochs": 1}}
     assert data["results"][0]["status"] == "ok" and data["results"][0]["parity"]["passed"]

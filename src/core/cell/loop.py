@@ -21,7 +21,7 @@ from ..records import LoopEvent, LoopRehearsal
 from .timing import timed
 
 #: Later times of each event after its first (``steady_s`` and ``ratio`` are their medians).
-REPEATS = 5
+REPEATS = 3
 
 
 def _set_mode(model: torch.nn.Module, forward: Any, training: bool) -> None:
@@ -38,15 +38,19 @@ def rehearse(loop: LoopSpec, batch_size: int, micro_batches: int, inference: boo
     ``step`` (the step the cell measured, scheduler included), on ``batch(k)`` (the pool's k-th
     batch, ``micro_batches`` of ``batch_size`` samples). ``compiles()`` counts the compiles dynamo
     has started in the cell (None where it never ran). Never raises: an event that fails ends the
-    rehearsal with its ``error``, the events before it kept.
+    rehearsal with its ``error``, the events before it kept. A loop of full steps alone has
+    nothing to rehearse (the measured steps are its steps): no event.
 
     Each later time of an event is divided by a full step timed next to it (``LoopEvent.ratio``),
     so a ratio holds the event's cost, not the machine's drift between seconds. Evaluations come
     first, while full steps are still what the paired measurement timed; after the first ragged
     batch a compiler may have made its graph dynamic, so a ragged step is compared with the full
-    step after it (``after_ragged``), whose own ratio compares the blocks of full steps before
-    and after that batch."""
+    step after it (``after_ragged``), whose own ratio compares the full steps before and after
+    that batch. The full steps timed before any ragged one are the ``full`` event."""
     rehearsal = LoopRehearsal()
+    evaluates, ragged = bool(loop.eval_every) and not inference, loop.ragged(batch_size)
+    if not (evaluates or ragged):
+        return rehearsal
     counter = iter(range(1, 1 << 30))
     last = (loop.last_batch or batch_size) * micro_batches  # each micro-batch of the last step holds last_batch
 
@@ -70,25 +74,24 @@ def rehearse(loop: LoopSpec, batch_size: int, micro_batches: int, inference: boo
         after = compiles()
         return seconds, (after - before if before is not None and after is not None else None)
 
-    def met(name: str, first: tuple[float, Optional[int]], later: list[tuple[float, Optional[int]]],
-            ratio: float) -> None:
-        counts = [c for _, c in later]
+    def met(name: str, times: list[tuple[float, Optional[int]]], ratio: float) -> None:
+        """The event from its first time and its later ones."""
+        counts = [c for _, c in times[1:]]
         rehearsal.events.append(LoopEvent(
-            name, first[0], statistics.median(s for s, _ in later), ratio, first[1],
+            name, times[0][0], statistics.median(s for s, _ in times[1:]), ratio, times[0][1],
             None if any(c is None for c in counts) else sum(c for c in counts if c is not None)))
 
+    fulls: list[tuple[float, Optional[int]]] = []  # before any ragged batch
     name = "full"
     try:
-        first, fulls = once(full), [once(full) for _ in range(REPEATS)]
-        met("full", first, fulls, 1.0)
-        if loop.eval_every and not inference:
+        if evaluates:
             # Each evaluation switches to eval mode and back: its first batch and the first train
             # step after it are where a compiler recompiles; the later evaluations show whether it
             # does so every time. Each is compared with the full step just before it.
             evals, resumes, eval_ratios, resume_ratios = [], [], [], []
             for k in range(1 + REPEATS):
                 name = "full"
-                before, _ = once(full)
+                fulls.append(once(full))
                 name = "eval"
                 _set_mode(model, forward, False)
                 evals.append(once(evaluation))
@@ -96,30 +99,34 @@ def rehearse(loop: LoopSpec, batch_size: int, micro_batches: int, inference: boo
                 name = "resume"
                 resumes.append(once(full))
                 if k:
-                    eval_ratios.append(evals[-1][0] / before)
-                    resume_ratios.append(resumes[-1][0] / before)
-            met("eval", evals[0], evals[1:], statistics.median(eval_ratios))
-            met("resume", resumes[0], resumes[1:], statistics.median(resume_ratios))
-        if loop.ragged(batch_size):
+                    eval_ratios.append(evals[-1][0] / fulls[-1][0])
+                    resume_ratios.append(resumes[-1][0] / fulls[-1][0])
+            met("eval", evals, statistics.median(eval_ratios))
+            met("resume", resumes, statistics.median(resume_ratios))
+        if ragged:
             name = "full"
             pre = [once(full) for _ in range(REPEATS)]
+            fulls += pre
             name = "ragged"
-            ragged_first = once(short)
+            raggeds = [once(short)]
             name = "after_ragged"
-            post_first = once(full)
-            raggeds, posts, ragged_ratios = [], [], []
+            posts = [once(full)]
+            ragged_ratios = []
             for _ in range(REPEATS):
                 name = "ragged"
                 raggeds.append(once(short))
                 name = "after_ragged"
                 posts.append(once(full))
                 ragged_ratios.append(raggeds[-1][0] / posts[-1][0])
-            drift = statistics.median(s for s, _ in posts) / statistics.median(s for s, _ in pre)
-            met("ragged", ragged_first, raggeds, statistics.median(ragged_ratios) * drift)
+            drift = statistics.median(s for s, _ in posts[1:]) / statistics.median(s for s, _ in pre)
+            met("ragged", raggeds, statistics.median(ragged_ratios) * drift)
             if loop.epochs > 1:
-                met("after_ragged", post_first, posts, drift)
+                met("after_ragged", posts, drift)
     except Exception as exc:
         _set_mode(model, forward, not inference)
         summary = traceback.format_exception_only(type(exc), exc)[-1].strip()
         rehearsal.error = f"{name}: {summary}"[:400]
+    if len(fulls) > 1:
+        met("full", fulls, 1.0)
+        rehearsal.events.insert(0, rehearsal.events.pop())
     return rehearsal

@@ -192,7 +192,7 @@ def trained_parameters(compiled: Callable, model: nn.Module) -> list[nn.Paramete
 def make_train_step(forward: Callable, optimizer: torch.optim.Optimizer, loss_fn: Callable,
                     recipe: Recipe = Recipe(), params: Sequence[nn.Parameter] = ()) -> Callable:
     """The protocol: per micro-batch forward, the workload's loss (divided by the micro-batch
-    count), backward (zero_grad before the first); then ``clip_grad_norm_`` of ``params`` where
+    count), backward (zero_grad before the first; under DDP, ``forward.no_sync()`` but for the last); then ``clip_grad_norm_`` of ``params`` where
     the recipe clips, and the optimizer step. Returns the step's loss (the micro-batches' sum).
 
     The loss is returned as a tensor: reading it (``.item()``) would
@@ -200,16 +200,20 @@ def make_train_step(forward: Callable, optimizer: torch.optim.Optimizer, loss_fn
     (``with_scheduler``): a backend that compiles this step compiles what the user would.
     """
     count, clip = recipe.accumulation_steps, recipe.clip_grad_norm
+    # Under DDP the micro-batches but the last skip the gradient all-reduce, as a DDP user
+    # accumulates (the last backward reduces the accumulated sum: the same average).
+    no_sync = getattr(forward, "no_sync", None) if count > 1 else None
 
     def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         total: Any = 0
         for i, (xi, yi) in enumerate(recipe.split(x, y)):
-            loss = loss_fn(forward(xi), yi)
-            if count > 1:
-                loss = loss / count
-            if i == 0:
-                optimizer.zero_grad()
-            loss.backward()
+            with no_sync() if no_sync is not None and i < count - 1 else contextlib.nullcontext():
+                loss = loss_fn(forward(xi), yi)
+                if count > 1:
+                    loss = loss / count
+                if i == 0:
+                    optimizer.zero_grad()
+                loss.backward()
             total = loss.detach() + total if i else loss.detach()
         if clip is not None:
             torch.nn.utils.clip_grad_norm_(params, clip)

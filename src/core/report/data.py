@@ -12,7 +12,8 @@ from ..results import RunReport
 #: steps, unpaired.
 CSV_COLUMNS = (
     "backend", "device", "status", "plugin", "speedup_vs_eager", "step_time_s", "images_per_s", "up_front_s",
-    "break_even_steps", "compile_s", "first_step_s", "step_s.median", "step_s.q1", "step_s.q3", "step_s.min",
+    "break_even_steps", "loop.total_s", "loop.speedup_vs_eager", "loop.recompiles", "compile_s", "first_step_s",
+    "step_s.median", "step_s.q1", "step_s.q3", "step_s.min",
     "step_s.max", "step_s.n", "memory_vs_eager", "threads", "peak_rss_mb", "cuda_peak_allocated_mb", "cuda_peak_reserved_mb",
     "parity.passed", "parity.margin", "parity.worst_tensor", "parity.loss_rel_error", "parity.grad_rel_error",
     "parity.weight_rel_error", "parity.buffer_rel_error",

@@ -19,6 +19,7 @@ from .formatting import md_cell, md_code, num
 from .legend import how_to_read
 from .summary import (
     coverage_line,
+    loop_line,
     parity_cost_line,
     randomness_line,
     rounds_line,
@@ -76,7 +77,8 @@ def render_markdown(report: RunReport, charts: Optional[list[tuple[str, str]]] =
     for device in devices:
         v = report.verdicts[device]
         out.append(summary_line(v, config.mode))
-        out += [line for line in [use_it_line(v), stop_line(v, report.round_log.get(device, []), config, report.rows(device))] if line]
+        out += [line for line in [use_it_line(v), stop_line(v, report.round_log.get(device, []), config, report.rows(device)),
+                                  loop_line(v, report.rows(device), config)] if line]
     if not devices:
         out.append("No cell finished.")
     if any(_starred(report.rows(device)) for device in devices):

@@ -7,6 +7,7 @@ row); these functions only word it. Every name from a report goes through ``md_c
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 from ..config import PARITY_MIN_WARMUP, RunConfig
@@ -162,6 +163,36 @@ def use_it_line(v: Verdict) -> Optional[str]:
     if v.pick is None or v.best is None or not v.best.use_it:  # the pick is the best row
         return None
     return f"  Use it: `{v.best.use_it}`"
+
+
+def loop_line(v: Verdict, rows: Sequence[CellResult], config: RunConfig) -> Optional[str]:
+    """The declared loop's verdict, indented under the step's: the backend whose projected loop
+    is shortest (the control aside), its loop speedup over eager's, the step's fastest where it
+    differs, and which rows recompile in the loop. None where no row projects the loop."""
+    timed = sorted((r for r in rows if r.loop is not None and r.loop.total_s is not None and r.backend != CONTROL),
+                   key=lambda r: r.loop.total_s if r.loop is not None and r.loop.total_s is not None else math.inf)
+    if not timed:
+        return None
+
+    def figure(r: CellResult) -> str:
+        f = r.loop
+        assert f is not None and f.total_s is not None
+        ci = f.speedup_ci
+        ratio = "" if f.speedup_vs_eager is None else (
+            f", {f.speedup_vs_eager:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci and ci[0] != ci[1] else "")
+            + " eager's")
+        return f"{num(f.total_s)} s{ratio}"
+
+    fastest = timed[0]
+    loop = config.workload.loop.describe(config.batch_size, config.mode == "inference")
+    text = f"  Over the loop ({md_cell(loop)}): fastest **{md_cell(fastest.backend)}** at {figure(fastest)}"
+    best = v.best
+    if best is not None and best is not fastest and best.loop is not None and best.loop.total_s is not None:
+        text += f"; the step's fastest, **{md_cell(best.backend)}**, takes {figure(best)} there"
+    recompiling = [r.backend for r in timed if r.loop is not None and r.loop.recompiles]
+    if recompiling:
+        text += f"; recompiling in the loop: {', '.join(md_cell(n) for n in recompiling)}"
+    return text + "."
 
 
 def _ranked_line(v: Verdict, mode: str) -> str:

@@ -374,13 +374,13 @@ def loop_figures(r: "CellResult", loop: LoopSpec, batch_size: int, inference: bo
     if rehearsal is None:
         return None
     counts = loop_counts(loop, batch_size, inference)
-    needed = [name for name, count in counts.items() if count]
+    needed = {name for name, count in counts.items() if count and name != "full"}  # full steps: the measured ones
     met = {e.name for e in rehearsal.events}
     figures = LoopFigures(events=counts, error=rehearsal.error)
-    seen = [e for e in rehearsal.events if e.name in needed]
-    if all(e.compiles is not None and e.steady_compiles is not None for e in seen):
+    seen = [e for e in rehearsal.events if e.name in needed | {"full"}]
+    if r.dynamo is not None and all(e.compiles is not None and e.steady_compiles is not None for e in seen):
         figures.recompiles = sum((e.compiles or 0) + (e.steady_compiles or 0) for e in seen)
-    missing = (set(needed) | {"full"}) - met
+    missing = needed - met
     if missing and figures.error is None:
         figures.error = f"the rehearsal lacks {', '.join(sorted(missing))}"
     if figures.error is None and r.step_time_s is not None:
