@@ -68,6 +68,7 @@ def render_plan(configs: list[RunConfig], registry, slots, output_dir: Path, add
                      f"{warmup_text(config)} + {config.steps} measured steps, {config.rounds} round(s) per device"
                      + (f", then more {_more_rounds(config)} while the run is within {config.budget_s:g} s."
                         if config.rounds > 1 and not config.distributed else "."))
+        lines.append(f"- loop each row projects: {w.loop.describe(config.batch_size, config.mode == 'inference')}")
         lines += [f"- added {name}: {ADDED_BECAUSE[name]}" for name in added]
         cells = 0
         for slot in slots:

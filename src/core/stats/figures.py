@@ -316,9 +316,9 @@ def loop_counts(loop: LoopSpec, batch_size: int, inference: bool = False) -> dic
     n, total = loop.epoch_steps, loop.epochs * loop.epoch_steps
     ragged = loop.ragged(batch_size)
     every = loop.eval_every if not inference else 0
-    rounds = total // every if every else 0
+    evaluations = total // every if every else 0
     # Evaluation k (after step k * every) is followed by step k * every + 1, if there is one.
-    followed = min(rounds, (total - 1) // every) if every else 0
+    followed = min(evaluations, (total - 1) // every) if every else 0
 
     def ragged_resumes(lo: int, hi: int) -> int:
         """Evaluations k in [lo, hi] whose next step is an epoch's last (ragged, so not a resume)."""
@@ -337,7 +337,7 @@ def loop_counts(loop: LoopSpec, batch_size: int, inference: bool = False) -> dic
 
     resumes = followed - ragged_resumes(1, followed)
     counts = dict.fromkeys(LOOP_EVENTS, 0)
-    counts["eval"] = rounds * loop.eval_steps
+    counts["eval"] = evaluations * loop.eval_steps
     counts["resume"] = resumes
     if not ragged:
         counts["full"] = total - resumes
@@ -367,7 +367,7 @@ def loop_total_s(r: "CellResult", rehearsal: LoopRehearsal, counts: dict[str, in
 
 
 def loop_figures(r: "CellResult", loop: LoopSpec, batch_size: int, inference: bool) -> Optional[LoopFigures]:
-    """A row's ``LoopFigures`` without the speedup (``_derive_device`` adds it against eager's);
+    """A row's ``LoopFigures`` without the speedup (``_derive_loop`` adds it against eager's);
     None for a row whose cell did not rehearse the loop (``--nproc``, later rounds alone, reports
     from before it)."""
     rehearsal = r.loop_rehearsal
