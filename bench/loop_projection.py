@@ -9,9 +9,9 @@ evaluation of 3 batches every 6 steps. For eager and ``compile``:
 1. **the loop itself**, end to end, in a fresh interpreter with a cold compile cache: plain torch,
    nothing of cnncompare's (the model, Adam, ``torch.compile(model)`` for ``compile``, every step,
    ragged batch and evaluation of the loop); one clock from before the compile to after the last
-   step. Its batches are made before the clock, as a data loader hands them over, and torch's
-   compiler is imported before it, as cnncompare's cells have it imported: the projection covers
-   neither data loading nor imports.
+   step. Its batches are made before the clock, as a data loader hands them over, and what
+   cnncompare's fork server imports for its cells (torch's compiler among them) is imported
+   before it: the projection covers neither data loading nor imports.
 2. **the projection**: ``cnncompare --backends eager,compile --loop ...`` at its defaults, each
    row's ``loop.total_s``.
 
@@ -42,7 +42,9 @@ def run_loop(backend: str) -> float:
     """The loop, end to end, in this process: its seconds from before the compile to after the last step."""
     import importlib
 
-    for name in ("torch._dynamo", "torch._inductor.compile_fx"):  # imported before the clock
+    from cnncompare.core.run.forkserver import PRELOAD
+
+    for name in PRELOAD:  # imported before the clock, as a cell has them imported
         importlib.import_module(name)
     import torch
     import torch.nn.functional as F
@@ -88,8 +90,8 @@ def fresh_loop(backend: str, threads: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=1, help="loop runs of each backend before the cnncompare run, "
-                        "and as many after (default 1)")
+    parser.add_argument("--repeats", type=int, default=2, help="loop runs of each backend before the cnncompare run, "
+                        "and as many after (default 2)")
     parser.add_argument("--budget", type=int, default=300, help="the cnncompare run's --budget (default 300 s)")
     parser.add_argument("--output", type=Path, default=Path("reports/loop-projection.md"))
     parser.add_argument("--json", type=Path, default=Path("bench/results/loop-projection.json"))
@@ -106,9 +108,10 @@ def main() -> None:
     loops()
     flags = [f"--loop={k}={v}" for k, v in LOOP.items()]
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "cnncompare", "--backends", ",".join(BACKENDS), "--devices", "cpu",
-                    "--batch-size", str(BATCH), "--seed", str(SEED), "--budget", str(args.budget), *flags, "--json", str(args.json),
-                    "--output", str(args.json.with_suffix(".md"))], check=True)
+    with tempfile.TemporaryDirectory(prefix="loop-projection-run-") as scratch:  # its markdown and charts
+        subprocess.run([sys.executable, "-m", "cnncompare", "--backends", ",".join(BACKENDS), "--devices", "cpu",
+                        "--batch-size", str(BATCH), "--seed", str(SEED), "--budget", str(args.budget), *flags,
+                        "--json", str(args.json), "--output", os.path.join(scratch, "run.md")], check=True)
     run_s = time.perf_counter() - started
     loops()
 

@@ -24,6 +24,11 @@ from .timing import timed
 REPEATS = 3
 
 
+def _compiled(time: tuple[float, Optional[int]]) -> bool:
+    """Whether dynamo compiled during this time (False where it never ran)."""
+    return bool(time[1])
+
+
 def _set_mode(model: torch.nn.Module, forward: Any, training: bool) -> None:
     """Train or eval mode, on the model and on the backend's module where it is another one."""
     model.train(training)
@@ -43,10 +48,15 @@ def rehearse(loop: LoopSpec, batch_size: int, micro_batches: int, inference: boo
 
     Each later time of an event is divided by a full step timed next to it (``LoopEvent.ratio``),
     so a ratio holds the event's cost, not the machine's drift between seconds. Evaluations come
-    first, while full steps are still what the paired measurement timed; after the first ragged
-    batch a compiler may have made its graph dynamic, so a ragged step is compared with the full
-    step after it (``after_ragged``), whose own ratio compares the full steps before and after
-    that batch. The full steps timed before any ragged one are the ``full`` event."""
+    first, while full steps are still what the paired measurement timed. A full step in another
+    state (``resume`` after an evaluation, ``after_ragged`` once a ragged batch has passed) costs
+    a full step's (ratio 1) unless a compile came with that state (the resume's own first time;
+    the first ragged step, after which a compiler may run a dynamic-shape graph): then its ratio
+    is measured, the run of full steps after the first ragged one against those before it.
+    Without a compile the same code runs, and what such a ratio measured on a 2-core machine was
+    its drift over seconds (bench/loop_projection.py: an eager "after_ragged" at 1.49). A ragged
+    step is compared with the full step right after it. The full steps timed before any ragged
+    one are the ``full`` event."""
     rehearsal = LoopRehearsal()
     evaluates, ragged = bool(loop.eval_every) and not inference, loop.ragged(batch_size)
     if not (evaluates or ragged):
@@ -102,26 +112,28 @@ def rehearse(loop: LoopSpec, batch_size: int, micro_batches: int, inference: boo
                     eval_ratios.append(evals[-1][0] / fulls[-1][0])
                     resume_ratios.append(resumes[-1][0] / fulls[-1][0])
             met("eval", evals, statistics.median(eval_ratios))
-            met("resume", resumes, statistics.median(resume_ratios))
+            met("resume", resumes, statistics.median(resume_ratios) if _compiled(resumes[0]) else 1.0)
         if ragged:
             name = "full"
             pre = [once(full) for _ in range(REPEATS)]
             fulls += pre
             name = "ragged"
             raggeds = [once(short)]
+            # A run of full steps after it, as an epoch's steps run: the first once, then steady.
             name = "after_ragged"
-            posts = [once(full)]
+            posts = [once(full) for _ in range(1 + REPEATS)]
+            drift = statistics.median(s for s, _ in posts[1:]) / statistics.median(s for s, _ in pre)
+            after = drift if _compiled(raggeds[0]) else 1.0
             ragged_ratios = []
             for _ in range(REPEATS):
                 name = "ragged"
                 raggeds.append(once(short))
-                name = "after_ragged"
-                posts.append(once(full))
-                ragged_ratios.append(raggeds[-1][0] / posts[-1][0])
-            drift = statistics.median(s for s, _ in posts[1:]) / statistics.median(s for s, _ in pre)
-            met("ragged", raggeds, statistics.median(ragged_ratios) * drift)
+                name = "full"
+                neighbour, _ = once(full)
+                ragged_ratios.append(raggeds[-1][0] / neighbour)
+            met("ragged", raggeds, statistics.median(ragged_ratios) * after)
             if loop.epochs > 1:
-                met("after_ragged", posts, drift)
+                met("after_ragged", posts, after)
     except Exception as exc:
         _set_mode(model, forward, not inference)
         summary = traceback.format_exception_only(type(exc), exc)[-1].strip()

@@ -74,8 +74,9 @@ COLUMNS: tuple[Column, ...] = (
            "row: its compile, first step and warm-up, then every step, evaluation batch, ragged last batch and "
            "first step after an evaluation the loop holds. After its measured steps each cell meets "
            "each of those events once, then 3 times more, each later time divided by a full step's timed next to "
-           "it; the projection prices each event at that ratio times the row's step time, plus its first time's "
-           "excess once (a recompile lands there). Then eager's loop ÷ this row's, with the interval that follows "
+           "it (a full step after an evaluation or a ragged batch counts as a full step unless a compile came "
+           "with it); the projection prices each event at that ratio times the row's step time, plus its first "
+           "time's excess once (a recompile lands there). Then eager's loop ÷ this row's, with the interval that follows "
            "from the speedup's. **N recompiles**: compiles dynamo started while the cell met the loop's events "
            "(a ragged batch, a switch to evaluation and back); `none: ...` where the cell could not run an "
            "event (the loop would fail) or did not rehearse it (`--nproc`).", ("train", "inference")),
