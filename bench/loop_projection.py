@@ -2,7 +2,7 @@
 
     python bench/loop_projection.py [--repeats 2] [--output reports/loop-projection.md]
 
-At the seed config (seed-cnn, batch 128, 28x28, Adam; a step takes about a second on 2 cores), a
+At the default workload and batch (seed-cnn, batch 128, 28x28, Adam; a step takes about a second on 2 cores), a
 loop scaled down to minutes: 2 epochs of 12 steps whose last batch holds 50 samples, and an
 evaluation of 3 batches every 6 steps. For eager and ``compile``:
 

@@ -190,3 +190,15 @@ def test_a_step_holds_its_micro_batches_in_training_and_one_batch_in_inference()
         job = Job(workload, RunConfig(**{**TINY, "workload": spec, "mode": mode}))
         x, y = job.batch(0, torch.device("cpu"))
         assert job.micro_batches == micro and len(x) == len(y) == TINY["batch_size"] * micro
+
+
+def test_the_use_it_line_builds_the_workloads_own_optimizer():
+    """eager-fused's advice to an SGD user is a fused SGD, not a fused Adam."""
+    from cnncompare.backends import base
+    from cnncompare.plugins import load_registry
+
+    registry = load_registry(entry_points=False)
+    fused = registry.get("eager-fused")
+    assert base.use_it(fused, "cpu", None, "SGD(lr=0.1, momentum=0.9)") == \
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)"
+    assert base.use_it(fused) == "optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)"

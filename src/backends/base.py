@@ -195,12 +195,23 @@ def description(backend: Any) -> str:
     return str(getattr(backend, "description", "") or "")
 
 
-def use_it(backend: Any, device: str = "{device}", plugin: Optional[str] = None) -> str:
-    """The backend's ``use_it`` line with ``{device}`` as ``device``'s type; without one, its
-    description and the plugin to read about it (a plugin need not declare the line)."""
+#: The harness's default optimizer, as ``{optimizer}`` in a ``use_it`` line writes it.
+DEFAULT_OPTIMIZER = "Adam(lr=1e-3)"
+
+
+def use_it(backend: Any, device: str = "{device}", plugin: Optional[str] = None,
+           optimizer: str = DEFAULT_OPTIMIZER) -> str:
+    """The backend's ``use_it`` line with ``{device}`` as ``device``'s type and ``{optimizer}`` as
+    the workload's optimizer built over the model's parameters, its closing bracket left to the
+    line (``optimizer``: the class and the hyperparameters it sets, ``SGD(lr=0.1, momentum=0.9)``,
+    as the report's recipe names it: ``torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9``);
+    without a line, the backend's description and the plugin to read about it (a plugin need not
+    declare the line)."""
     line = str(getattr(backend, "use_it", "") or "")
     if line:
-        return line.replace("{device}", device.split(":", 1)[0])
+        cls, _, args = (optimizer or DEFAULT_OPTIMIZER).partition("(")
+        built = f"torch.optim.{cls}(model.parameters()" + (f", {args[:-1]}" if args[:-1] else "")
+        return line.replace("{device}", device.split(":", 1)[0]).replace("{optimizer}", built)
     where = f"plugin {plugin!r}" if plugin else "its plugin"
     about = description(backend)
     return f"(no code line declared; see {where}'s documentation{': ' + about if about else ''})"

@@ -43,7 +43,7 @@ class EagerControl(Eager):
 class EagerFused:
     name = "eager-fused"
     description = "eager with the workload's optimizer fused (Adam(fused=True) by default): one kernel for the update"
-    use_it = 'optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)'
+    use_it = "optimizer = {optimizer}, fused=True)"
     modes = ("train",)  # its difference is the optimizer
 
     def compile(self, model, example, device):

@@ -87,7 +87,7 @@ class CompileStep:
 
     name = "compile-step"
     description = "the whole train step (forward, loss, backward, clipping, the optimizer) in one torch.compile, tensor lr"
-    use_it = ("optimizer = torch.optim.Adam(model.parameters(), lr=torch.tensor(1e-3)); "
+    use_it = ("optimizer = {optimizer})  # with lr=torch.tensor(lr); "
               "train_step = torch.compile(train_step)  # forward, loss, backward, optimizer.step()")
     modes = ("train",)  # its difference is the compiled step
     min_warmup = 1
