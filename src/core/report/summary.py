@@ -167,10 +167,12 @@ def use_it_line(v: Verdict) -> Optional[str]:
 
 def loop_line(v: Verdict, rows: Sequence[CellResult], config: RunConfig) -> Optional[str]:
     """The declared loop's verdict, indented under the step's: the backend whose projected loop
-    is shortest (the control aside), its loop speedup over eager's, the step's fastest where it
+    is shortest among the rows at eager's precision (the control aside), its loop speedup over eager's, the step's fastest where it
     differs, and which rows recompile in the loop. None where no row projects the loop."""
     timed = sorted((r for r in rows if r.loop is not None and r.loop.total_s is not None and r.backend != CONTROL),
                    key=lambda r: r.loop.total_s if r.loop is not None and r.loop.total_s is not None else math.inf)
+    if v.precision:  # ranked as the step's verdict ranks: at eager's precision
+        timed = [r for r in timed if measured_precision(r) in (None, v.precision)]
     if not timed:
         return None
 

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from tabulate import tabulate
 
-from ..config import RunConfig
+from ..config import LoopSpec, RunConfig
 from ..records import CompilePhases, Status
 from ..results import CellResult
 from ..stats import measured_precision, one_off_peak
@@ -62,7 +62,7 @@ def device_table(results: list[CellResult], config: RunConfig) -> str:
     measured = any(measured_precision(r) for r in results)
     headers = ["backend", "status", "speedup vs eager", "step (s)"]
     headers += ["latency p50 / p90 / p99 (ms)"] if latency else []
-    loop = any(r.loop is not None for r in results)
+    loop = _loop_declared(config) and any(r.loop is not None for r in results)
     headers += ["loop: time, vs eager"] if loop else []
     headers += ["up front (s)", "break-even",
                 "parity" if any(r.parity and r.parity.margin is not None for r in results) else "parity (max rel. err)"]
@@ -81,6 +81,12 @@ def device_table(results: list[CellResult], config: RunConfig) -> str:
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
+def _loop_declared(config: RunConfig) -> bool:
+    """Whether the run's loop is one the user or the workload declared (the main table shows it
+    beside the step); the default loop's figures go to the cost table."""
+    return config.workload.loop != LoopSpec()
+
+
 def cost_table(results: list[CellResult], config: RunConfig) -> Optional[str]:
     """Throughput (from the paired step time), what each row's own processes measured (unpaired:
     median and spread), compile and first step, and memory, rows as in ``device_table``; None
@@ -92,6 +98,8 @@ def cost_table(results: list[CellResult], config: RunConfig) -> Optional[str]:
     headers += ["warm first step (s)"] if warm else []
     headers.append("peak RSS steady / one-off (MB)" if phases else "peak RSS (MB)")
     headers.append("memory ÷ eager")
+    loop = not _loop_declared(config) and any(r.loop is not None for r in results)
+    headers += ["loop: time, vs eager"] if loop else []
     if cuda:
         headers += ["CUDA peak alloc steady / one-off (MB)", "CUDA peak reserved (MB)"]
     rows = []
@@ -106,6 +114,7 @@ def cost_table(results: list[CellResult], config: RunConfig) -> Optional[str]:
         row += [_steady_and_one_off(r.peak_rss_steady_mb, one_off_peak(r.peak_rss_first_step_mb, r.peak_rss_warmup_mb),
                                     r.peak_rss_mb),
                 "–" if r.memory_vs_eager is None else f"{r.memory_vs_eager:.2f}x"]
+        row += [loop_cell(r)] if loop else []
         if cuda:
             row += [_steady_and_one_off(r.cuda_peak_allocated_steady_mb,
                                         one_off_peak(r.cuda_peak_allocated_first_step_mb,
