@@ -264,7 +264,7 @@ GATE_SIZE = dict(batch_size=16, rounds=4, budget_s=1.0)  # the 4 rounds, no more
 
 def test_the_gate_fails_a_planted_slowdown_and_passes_a_repeat_end_to_end():
     """``compare --fail-above 5`` on real runs: the same code twice passes; a backend doing eager's
-    step plus 30 % more work (``fault_backends.Planted``) against its run without fails, and only it."""
+    step plus 60 % more work (``fault_backends.Planted``) against its run without fails, and only it."""
     import fault_backends
     from _tiny import TINY
     from cnncompare.core.config import RunConfig, WorkloadSpec
@@ -281,8 +281,10 @@ def test_the_gate_fails_a_planted_slowdown_and_passes_a_repeat_end_to_end():
         assert all(r.status is Status.OK for r in report.results)
         return report
 
-    base, repeat, slowed = run(0.0), run(0.0), run(0.3)
+    # 60 % more work: at this size a planted 30 % went unflagged once in a suite run on the shared
+    # 2-core machine (its interval over 4 rounds reached 5 %); the gate's power is not what this tests.
+    base, repeat, slowed = run(0.0), run(0.0), run(0.6)
     assert regressions(compare_runs(base, repeat), 5) == []
     cells = {c.backend: c for c in compare_runs(base, slowed)}
-    assert [c.backend for c in regressions(list(cells.values()), 5)] == ["planted"]
-    assert 1.1 < cells["planted"].slowdown < 1.6
+    assert [c.backend for c in regressions(list(cells.values()), 5)] == ["planted"], cells
+    assert 1.3 < cells["planted"].slowdown < 2.1
