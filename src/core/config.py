@@ -94,9 +94,13 @@ class RecipeInfo:
     clip_grad_norm: Optional[float] = None
     accumulation_steps: int = 1
 
+    def optimizer_at(self, lr: float) -> str:
+        """The optimizer the step trains with: the recipe's, else the default Adam at ``lr``."""
+        return self.optimizer or f"Adam(lr={lr:g})"
+
     def describe(self, lr: float) -> str:
         """One line: ``SGD(lr=0.1, momentum=0.9), OneCycleLR every step, clip_grad_norm 1``."""
-        parts = [self.optimizer or f"Adam(lr={lr:g}) (the default)"]
+        parts = [self.optimizer_at(lr) + ("" if self.optimizer else " (the default)")]
         if self.scheduler:
             parts.append(f"{self.scheduler} every step")
         if self.clip_grad_norm is not None:

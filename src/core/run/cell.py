@@ -346,7 +346,7 @@ def _compute_reference(backend: Any, workload: Any, slot: DeviceSlot, config: Ru
 def _row_fields(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunConfig) -> dict[str, Any]:
     """What the parent knows of a row before its child says anything."""
     return dict(backend=backend.name, device=slot.name, plugin=plugin, description=base.description(backend),
-                use_it=base.use_it(backend, slot.name, plugin, config.workload.recipe.optimizer or f"Adam(lr={config.lr:g})"),
+                use_it=base.use_it(backend, slot.name, plugin, config.workload.recipe.optimizer_at(config.lr)),
                 compile_cache=config.compile_cache)
 
 
