@@ -32,11 +32,13 @@ $(BIN)/.installed: pyproject.toml plugins/cnncompare-amp/pyproject.toml plugins/
 report: $(BIN)/.installed
 	$(BIN)/cnncompare $(ARGS)
 
-# Lint and type-check first (seconds), then the suite.
+# Lint and type-check first (seconds), then the suite in two worker processes, each test file
+# whole on one of them (its module fixtures run once): a test's cells wait on processes, compilers
+# and sockets about half the time, so two workers keep both cores busy.
 test: $(BIN)/.installed
 	$(BIN)/ruff check src tests plugins bench
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 clean-venv:
 	rm -rf $(VENV)

@@ -17,8 +17,16 @@ from _tiny import TINY  # noqa: E402
 from cnncompare.core.config import RunConfig  # noqa: E402
 
 #: Inherited by every process this test session starts, so leftover children can be told
-#: apart from those of another test run on the same machine.
+#: apart from those of another test run on the same machine, and (under pytest-xdist, where the
+#: workers inherit the controller's) from another worker's, which runs its own fork server.
 os.environ.setdefault("CNNCOMPARE_TEST_RUN", uuid.uuid4().hex)
+if (worker := os.environ.get("PYTEST_XDIST_WORKER")) and not os.environ["CNNCOMPARE_TEST_RUN"].endswith(worker):
+    os.environ["CNNCOMPARE_TEST_RUN"] += f"-{worker}"
+#: The suite's compile cache (``_shared_compile_cache``), made once and shared by every worker:
+#: inductor's caches are written atomically, for concurrent compiles.
+if "CNNCOMPARE_TEST_COMPILE_CACHE" not in os.environ:
+    os.environ["CNNCOMPARE_TEST_COMPILE_CACHE"] = tempfile.mkdtemp(prefix="cnncompare-test-compile-cache-")
+    atexit.register(shutil.rmtree, os.environ["CNNCOMPARE_TEST_COMPILE_CACHE"], True)
 #: The session's parity-reference cache: never the user's, shared by the session's tests (a test
 #: about the cache takes one of its own), removed when the session ends.
 if "CNNCOMPARE_CACHE_DIR" not in os.environ:
@@ -31,7 +39,7 @@ SHARED_COMPILE_CACHE: dict[str, str] = {}
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _shared_compile_cache(tmp_path_factory):
+def _shared_compile_cache():
     """Every cell compiles in a cache directory of its own, cold, as a user's first run does. Here
     the suite's cold cells share one instead: a graph an earlier cell compiled (inductor's FX
     graphs, AOT autograd's, the C++ kernels gcc built) is loaded, not built again, and a tiny
@@ -40,7 +48,7 @@ def _shared_compile_cache(tmp_path_factory):
     the harness's own directories."""
     from cnncompare.core.run import launch
 
-    SHARED_COMPILE_CACHE["dir"] = str(tmp_path_factory.mktemp("compile-cache"))
+    SHARED_COMPILE_CACHE["dir"] = os.environ["CNNCOMPARE_TEST_COMPILE_CACHE"]
     own = launch.child_env
 
     def child_env(cache_dir, config):

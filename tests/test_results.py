@@ -142,3 +142,35 @@ def test_report_json_round_trip():
     assert again.results[0].status is Status.OK
     with pytest.raises(ValueError, match="schema_version"):
         RunReport.from_dict({**report.to_dict(), "schema_version": 99})
+
+
+def test_a_later_round_joins_its_row_and_a_row_that_sat_it_out_keeps_its_place():
+    def row(backend, samples, eager=None, status=Status.OK, wall=1.0):
+        return CellResult(backend=backend, device="cpu", status=status, compile_s=0.5, first_step_s=2.0,
+                          step_s=StepStats.from_samples(samples) if samples else None, wall_s=wall,
+                          round_eager_samples=[eager] if eager is not None else None)
+
+    report = RunReport(environment={}, config=RunConfig(rounds=2, batch_size=1))
+    report.fold(row("b", [1.0, 2.0]), 1)
+    report.fold(row("eager", [1.0, 1.0]), 1)
+    report.fold(row("c", [3.0, 3.0], eager=[1.0, 1.0]), 1)
+    report.fold(row("d", [4.0, 4.0], eager=[1.0, 1.0]), 1)
+    assert [r.backend for r in report.results] == ["eager", "b", "c", "d"]  # eager first, as the plan has it
+    assert report.row("b", "cpu").rounds == [1.5]
+
+    report.fold(row("c", [5.0, 7.0], eager=[2.0, 2.0], wall=3.0), 2)
+    failed = row("d", None, status=Status.CRASHED)
+    failed.error = "the child was killed by SIGKILL"
+    report.fold(failed, 2)
+    report.end_round("cpu", 2)
+
+    c = report.row("c", "cpu")
+    assert c.round_samples == [[3.0, 3.0], [5.0, 7.0]] and c.rounds == [3.0, 6.0]
+    assert c.round_eager_samples == [[1.0, 1.0], [2.0, 2.0]]  # round 2's pairs, in step with round 2's steps
+    assert c.step_s.samples == [3.0, 3.0, 5.0, 7.0] and c.wall_s == 4.0
+    assert c.round_compile_s == [0.5, 0.5] and c.round_first_step_s == [2.0, 2.0]
+    d = report.row("d", "cpu")  # a failed later round: an empty round, a note, round 1's status kept
+    assert d.status == Status.OK and d.rounds == [4.0, None] and d.round_eager_samples == [[1.0, 1.0], []]
+    assert d.notes == ["round 2: crashed (the child was killed by SIGKILL)"]
+    b = report.row("b", "cpu")  # sat round 2 out: an empty round keeps round k the k-th everywhere
+    assert b.rounds == [1.5, None] and b.step_s.samples == [1.0, 2.0]

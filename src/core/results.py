@@ -9,13 +9,14 @@ so what is written and what is rendered agree.
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 from . import stats
 from .codec import finite, from_data
 from .config import RunConfig
-from .records import CellRecord, Measured, ReferenceInfo
+from .records import CellRecord, Measured, ReferenceInfo, Status
 from .stats import StepStats
 
 #: 2: parity judges steps 1 and N with a relative rule (``margin``, ``worst_error``, buffers);
@@ -132,6 +133,28 @@ class CellResult(Measured):
         samples = record.step_samples
         return cls(**record.measured(), step_s=StepStats.from_samples(samples) if samples else None, **row)
 
+    def add_round(self, later: Optional["CellResult"], k: int) -> None:
+        """Fold round ``k`` into this row: its samples and median (paired with eager's where it was
+        paired), its warm compile times. A round that failed leaves a note and an empty round (the
+        row keeps round 1's status); ``later`` None: the row sat the round out, an empty round too.
+        Either way round ``k`` stays the ``k``-th everywhere, so it still pairs with eager's round ``k``."""
+        assert self.step_s is not None
+        ran = later is not None and later.status == Status.OK and later.step_s is not None
+        if later is not None and not ran:
+            self.notes.append(f"round {k}: {later.status.value}" + (f" ({later.error})" if later.error else ""))
+        samples = later.step_s.samples if ran and later is not None and later.step_s is not None else []
+        self.round_samples = (self.round_samples or [self.step_s.samples]) + [samples]
+        self.rounds = [statistics.median(s) if s else None for s in self.round_samples]
+        if self.round_eager_samples is not None:
+            paired = later.round_eager_samples[0] if ran and later is not None and later.round_eager_samples else []
+            self.round_eager_samples = self.round_eager_samples + [paired]
+        if not ran or later is None:
+            return
+        self.step_s = StepStats.from_samples([s for samples in self.round_samples for s in samples])
+        self.round_compile_s = (self.round_compile_s or [self.compile_s]) + [later.compile_s]
+        self.round_first_step_s = (self.round_first_step_s or [self.first_step_s]) + [later.first_step_s]
+        self.wall_s = (self.wall_s or 0.0) + (later.wall_s or 0.0)
+
     def to_dict(self) -> dict:
         data = asdict(self)
         data["status"] = self.status.value
@@ -182,6 +205,29 @@ class RunReport:
         at = next((i for i, r in enumerate(self.results) if r.device == result.device), len(self.results))
         self.results.insert(at if first else len(self.results), result)
         self._derive()
+
+    def fold(self, result: CellResult, k: int) -> None:
+        """Round ``k``'s ``result``: a new row in round 1 (eager's before its device's others, where
+        the plan puts it), the next round of its row after that."""
+        if k == 1:
+            result.rounds = [result.step_s.median] if result.step_s else None
+            self.add(result, first=result.backend == "eager")
+            return
+        row = self.row(result.backend, result.device)
+        assert row is not None, f"round {k} of {result.backend} on {result.device} without its row"
+        row.add_round(result, k)
+        self._derive()
+
+    def end_round(self, device: str, k: int) -> None:
+        """Round ``k`` on ``device`` is over: the ``ok`` rows that sat it out keep its place (an empty
+        round), so that round ``k`` is the ``k``-th of every row."""
+        for row in self.rows(device):
+            if row.status == Status.OK and len(row.rounds or []) < k:
+                row.add_round(None, k)
+        self._derive()
+
+    def row(self, backend: str, device: str) -> Optional[CellResult]:
+        return next((r for r in self.results if (r.backend, r.device) == (backend, device)), None)
 
     def rederive(self) -> None:
         """Derive again after a row changed in place (a later round joined it)."""
