@@ -238,7 +238,7 @@ class RunConfig:
         540.0, "--budget", "seconds the run may take before it stops adding rounds (the first --rounds always "
         "run); a run whose pick is decided stops before", metavar="SECONDS")
     round_s: float = option(
-        2.0, "--round-time", "seconds of eager's steps a round's step pairs cover at least: with fast steps a round "
+        0.5, "--round-time", "seconds of eager's steps a round's step pairs cover at least: with fast steps a round "
         "takes more pairs than --steps (up to 1000), alternated a chunk of about 50 ms at a time; 0: --steps pairs",
         metavar="SECONDS")
     seed: int = option(0, "--seed", "seed for weights and data", minimum=0, metavar="N")

@@ -91,7 +91,9 @@ def write_charts(report: RunReport, md_path: Path) -> Optional[list[tuple[str, s
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(f"speedup over eager (> 1x is faster; log scale), {CONFIDENCE:.0%} interval\n"
                       f"shaded: the noise floor ({CONTROL}, eager against itself)")
-        ax.set_title("Speedup over eager, step pair by step pair\n(* interval wider than --target)", fontsize=11)
+        starred = any(r.target_reached is False for r in ranked)
+        ax.set_title("Speedup over eager, step pair by step pair"
+                     + ("\n(* interval wider than --target)" if starred else ""), fontsize=11)
         ax.grid(axis="x", alpha=0.3, which="both")
         fig.tight_layout()
         name = f"{stem.name}-speedup.png"
