@@ -3,6 +3,7 @@
     python bench/round_time.py -- --backends eager,jit-trace --batch-size 4 --image-size 8 --steps 5 --warmup 1
     python bench/round_time.py --times 2.0 0.5 --runs 3 -- ...
     python bench/round_time.py --analyse-only -- ...
+    python bench/round_time.py --model 60          # what the noise model predicts, before measuring
 
 A round's mean log ratio scatters by √(process² + step² / pairs): the process level, which only
 more rounds average out, and the step pairs' own noise, which more pairs a round do. Where a small
@@ -101,14 +102,51 @@ def within(files: list[Path]) -> str:
             f"over {len(first)} row-rounds")
 
 
+def model(sims: int, step_s: float = 0.029, overhead_s: float = 0.8, step_sd: float = 0.22,
+          process: tuple[float, float] = (0.083, 0.039), lead: float = 1.078) -> str:
+    """What the noise model says, before measuring: the stopping rule's own simulator
+    (``stopping_rule.simulate``) on one backend ``lead`` times eager and the control, each round's
+    mean scattering by its row's ``process`` level plus ``step_sd`` per step pair, at several
+    round lengths; a round costs each row ``overhead_s`` (its processes' start and warm-up) and
+    its pairs. The defaults are the tiny config's, from reports/cpu-tiny.json."""
+    import random
+
+    import stopping_rule
+
+    def draw_for(pairs: int):
+        def draw(rng: random.Random, speedup: float):
+            shift = rng.gauss(0.0, process[0] if abs(speedup - 1.0) > 1e-9 else process[1])
+            eager = [math.exp(rng.gauss(0.0, step_sd / math.sqrt(2))) for _ in range(pairs)]
+            return eager, [e / speedup * math.exp(shift + rng.gauss(0.0, step_sd / math.sqrt(2))) for e in eager]
+        return draw
+
+    lines = ["| --round-time | step pairs | a round (s) | picked | rounds: median | time after round 1: median, 80th percentile |",
+             "|---|---|---|---|---|---|"]
+    for seconds in (0.25, 0.5, 1.0, 2.0):
+        pairs = math.ceil(seconds / step_s)
+        cost = 2 * (overhead_s + pairs * 2 * step_s)
+        rng = random.Random(1)
+        outcomes = [stopping_rule.simulate({"b": lead}, draw_for(pairs), rng, max_rounds=50) for _ in range(sims)]
+        times = sorted((o.rounds - 1) * cost for o in outcomes)
+        lines.append(f"| {seconds:g} | {pairs} | {cost:.1f} | {sum(o.pick == 'b' for o in outcomes)}/{sims} | "
+                     f"{statistics.median(o.rounds for o in outcomes):g} | {statistics.median(times) / 60:.1f} min, "
+                     f"{times[int(0.8 * len(times))] / 60:.1f} min |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--times", type=float, nargs="+", default=[2.0, 0.5], help="--round-time values, alternated")
     p.add_argument("--runs", type=int, default=3, help="runs at each value")
     p.add_argument("--out", type=Path, default=Path("reports/round-time.md"), help="markdown the summary is appended to")
     p.add_argument("--analyse-only", action="store_true", help="run nothing: the existing runs' JSON")
+    p.add_argument("--model", type=int, metavar="SIMS", help="run nothing: the noise model's answer over SIMS "
+                   "simulated runs at several round lengths (the tiny config's figures)")
     p.add_argument("extra", nargs="*", help="cnncompare arguments, after --")
     args = p.parse_args()
+    if args.model:
+        print(model(args.model))
+        return 0
     RESULTS.mkdir(parents=True, exist_ok=True)
     paths = {t: [RESULTS / f"round-time-{_name(t)}-{i}.json" for i in range(1, args.runs + 1)] for t in args.times}
     if not args.analyse_only:

@@ -139,21 +139,21 @@ class CellResult(Measured):
         row keeps round 1's status); ``later`` None: the row sat the round out, an empty round too.
         Either way round ``k`` stays the ``k``-th everywhere, so it still pairs with eager's round ``k``."""
         assert self.step_s is not None
-        ran = later is not None and later.status == Status.OK and later.step_s is not None
-        if later is not None and not ran:
+        ran = later if later is not None and later.status == Status.OK and later.step_s is not None else None
+        if later is not None and ran is None:
             self.notes.append(f"round {k}: {later.status.value}" + (f" ({later.error})" if later.error else ""))
-        samples = later.step_s.samples if ran and later is not None and later.step_s is not None else []
+        samples = ran.step_s.samples if ran is not None and ran.step_s is not None else []
         self.round_samples = (self.round_samples or [self.step_s.samples]) + [samples]
         self.rounds = [statistics.median(s) if s else None for s in self.round_samples]
         if self.round_eager_samples is not None:
-            paired = later.round_eager_samples[0] if ran and later is not None and later.round_eager_samples else []
+            paired = ran.round_eager_samples[0] if ran and ran.round_eager_samples else []
             self.round_eager_samples = self.round_eager_samples + [paired]
-        if not ran or later is None:
+        if ran is None:
             return
         self.step_s = StepStats.from_samples([s for samples in self.round_samples for s in samples])
-        self.round_compile_s = (self.round_compile_s or [self.compile_s]) + [later.compile_s]
-        self.round_first_step_s = (self.round_first_step_s or [self.first_step_s]) + [later.first_step_s]
-        self.wall_s = (self.wall_s or 0.0) + (later.wall_s or 0.0)
+        self.round_compile_s = (self.round_compile_s or [self.compile_s]) + [ran.compile_s]
+        self.round_first_step_s = (self.round_first_step_s or [self.first_step_s]) + [ran.first_step_s]
+        self.wall_s = (self.wall_s or 0.0) + (ran.wall_s or 0.0)
 
     def to_dict(self) -> dict:
         data = asdict(self)
