@@ -24,8 +24,20 @@ import statistics
 import sys
 from pathlib import Path
 
-from aa_bias import RESULTS, _wall, analyse, publish, run
+from aa_bias import RESULTS, _wall, analyse, publish, round_logs, run
 from fast_verdict import verdict_of
+
+
+def figure(row: dict) -> str:
+    """A row's speedup over eager and its interval."""
+    ci = row.get("speedup_ci") or [float("nan")] * 2
+    return f"{row.get('speedup_vs_eager') or float('nan'):.3f}x [{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
+def scatter(row: dict) -> str:
+    """The SD of the row's rounds' mean log ratios (eager / row): what the interval is over."""
+    means = list(round_logs(row).values())
+    return f"{statistics.stdev(means):.3f}" if len(means) > 1 else "–"
 
 
 def _name(seconds: float) -> str:
@@ -52,17 +64,6 @@ def summary(paths: dict[float, list[Path]], args: list[str]) -> str:
             # A paired row's later rounds (eager's own later rounds hold every process it paired with).
             pairs = max((len(s) for r in rows.values() if r.get("round_eager_samples")
                          for s in (r.get("round_samples") or [])[1:]), default=0)
-
-            def figure(row: dict) -> str:
-                ci = row.get("speedup_ci") or [float("nan")] * 2
-                return f"{row.get('speedup_vs_eager') or float('nan'):.3f}x [{ci[0]:.3f}, {ci[1]:.3f}]"
-
-            def scatter(row: dict) -> str:
-                """The SD of the row's rounds' mean log ratios (eager / row): what the interval is over."""
-                means = [statistics.mean(math.log(e / b) for b, e in zip(bs, es))
-                         for bs, es in zip(row.get("round_samples") or [], row.get("round_eager_samples") or [])
-                         if bs and len(bs) == len(es)]
-                return f"{statistics.stdev(means):.3f}" if len(means) > 1 else "–"
 
             walls.append(_wall(data) / 60)
             lines.append(f"| {seconds:g} | {i} | {pairs} | {f'pick {pick}' if pick else 'undecided: ' + ', '.join(between)} "

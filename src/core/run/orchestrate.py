@@ -147,8 +147,9 @@ class _Run:
             nonlocal reference_s
             if k == 1 and reference_s is not None and result.parity is not None:
                 result.parity.reference_s, reference_s = reference_s, None
-            if k > 1 and result.backend == "eager" and len((report.row("eager", slot.name) or result).rounds or []) >= k:
-                return  # a resumed run's eager row already has this round
+            eager = report.row("eager", slot.name) if result.backend == "eager" else None
+            if k > 1 and eager is not None and len(eager.rounds or []) >= k:
+                return  # eager's round k from its pairs, where a resumed run's eager row already has it
             report.fold(result, k)
             if k == 1 and result.status != Status.OK:
                 self.cells.todo -= config.rounds - 1
