@@ -6,11 +6,12 @@
 
 For each torch minor it makes a fresh venv under ``--workdir``, installs the newest patch of that
 minor from the registry (its Linux builds carry CUDA libraries and run on the CPU here), then
-cnncompare and the amp plugin as ``make`` does (``.[test,plot]``) from a copy of the commit
+cnncompare and the plugins under plugins/ as ``make`` does (``.[test,plot]``) from a copy of the commit
 checked out (``git archive HEAD``: edits made while it runs don't leak in), and runs:
 
 1. every backend in ``--backends all`` end to end on the CPU at a tiny config (one round), and
-2. the test suite (``pytest -q``), the one CI runs less its default-config test (``PYTEST``),
+2. the test suite as ``make test`` runs it (two pytest-xdist workers), less its default-config
+   test (``PYTEST``),
 
 and writes one row per release to ``bench/results/torch-versions.json`` (kept between runs, so
 one release can be rerun alone) and the table to ``reports/torch-versions.md``. Each venv holds
@@ -40,7 +41,7 @@ VERSIONS = [f"2.{minor}" for minor in range(6, 16)]
 MIN_FREE_GB = 12.0  # a CUDA build of torch in a venv is about 5.5 GB, plus pip's unpacking
 #: The suite CI runs, less its one default-config test (2-3 minutes of full-size parity runs, the
 #: same on every torch; CI runs it): ten releases must fit in one session on 2 cores.
-PYTEST = ["-q", "-p", "no:cacheprovider", "--deselect",
+PYTEST = ["-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile", "--deselect",
           "tests/test_parity_catches.py::test_wrong_backends_fail_and_correct_ones_pass_with_margin_at_the_seed_config"]
 TINY = ["--backends", "all", "--devices", "cpu", "--batch-size", "4", "--image-size", "8",
         "--steps", "3", "--warmup", "1", "--rounds", "1", "--timeout", "600"]
@@ -99,7 +100,8 @@ def test_release(minor: str, workdir: Path, keep: bool, tests: bool = True) -> d
             code, seconds = sh([py, "-m", "pip", "install", "-q", f"torch=={minor}.*", "numpy"], log, env, 1800, tree)
             row["install_s"] += seconds
         if code == 0:
-            code, seconds = sh([py, "-m", "pip", "install", "-q", "-e", ".[test,plot]", "-e", "plugins/cnncompare-amp"],
+            code, seconds = sh([py, "-m", "pip", "install", "-q", "-e", ".[test,plot]", "-e", "plugins/cnncompare-amp",
+                                "-e", "plugins/cnncompare-onnxruntime"],
                                log, env, 900, tree)
             row["install_s"] += seconds
         if code != 0:
@@ -154,12 +156,13 @@ def table(rows: dict[str, dict]) -> str:
         "Written by `python bench/torch_versions.py` (a fresh venv per torch minor, the newest patch of",
         "each from the registry; Linux builds with CUDA libraries, run on the CPU of a 2-core x86-64 machine).",
         "**Backends**: `cnncompare --backends all --devices cpu` at a tiny config (batch 4, 8x8 images,",
-        "3 steps, 1 warm-up, 1 round), the amp plugin installed; `ok` counts rows that ran with parity",
-        "passed, built-ins apart from the amp plugin's rows. **Tests**: the suite CI runs (`pytest -q`),",
+        "3 steps, 1 warm-up, 1 round), the plugins under plugins/ installed; `ok` counts rows that ran with",
+        "parity passed, built-ins apart from the plugins' rows. **Tests**: the suite as `make test` runs it",
+        "(`pytest -q -n 2 --dist loadfile`),",
         "with that torch, less its one default-config test (full-size parity runs; CI runs it on 2.13).",
         "CUDA-only rows are skipped on a CPU and are not counted.",
         "",
-        "| torch | python | commit | date | built-ins ok | built-ins not ok | amp plugin ok | tests | "
+        "| torch | python | commit | date | built-ins ok | built-ins not ok | plugins ok | tests | "
         "install / backends / tests (s) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
