@@ -4,6 +4,7 @@
     python bench/aa_bias.py --runs 5 --label tiny -- --backends eager,jit-trace --batch-size 4 --image-size 8 \\
         --steps 5 --warmup 1
     python bench/aa_bias.py --analyse-only --label tiny                # the runs' JSON again, as derived now
+    python bench/aa_bias.py --between tiny seed tiny-05                # only: do each label's runs agree?
 
 Runs ``cnncompare --devices cpu [args]`` ``--runs`` times in a row (each writes
 ``bench/results/aa-<label>-<i>.json``), then reports, with the figures of every run:
@@ -15,7 +16,10 @@ Runs ``cnncompare --devices cpu [args]`` ``--runs`` times in a row (each writes
   less that row's mean over its rounds, grouped by the row's position in the round (``round_log``),
   with a t-interval per position (the cause of the bias the old design had: one eager process
   served every row of a round and got faster with the steps it had served);
-- each run's verdict and wall time.
+- each run's verdict and wall time;
+- whether the runs agree on each backend's figure as closely as their own intervals say they
+  should (``between_runs``): a row whose runs scatter more than that moves with the machine's
+  state from one run to the next, which no run's interval can see.
 
 Appends the summary to ``--out`` (markdown). Run it alone on the machine: another job on the
 cores moves the figures by 10 % or more.
@@ -32,6 +36,8 @@ import time
 from pathlib import Path
 
 from scipy import stats as scipy_stats
+
+from cnncompare.core.results import RunReport
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -97,6 +103,33 @@ def positions(data: dict) -> dict[int, list[float]]:
     return by
 
 
+def between_runs(runs: list[dict]) -> list[str]:
+    """Per backend (eager apart): each run's log centre, weighted by its interval's inverse variance
+    (the 95 % interval's half-width on the log scale / 1.96 as its standard error), the weighted
+    mean over runs, and Cochran's Q test of whether the runs differ by more than their intervals
+    allow (chi-square, runs - 1 degrees of freedom; a small p: they do)."""
+    by: dict[str, list[tuple[float, float]]] = {}
+    for data in runs:
+        for r in data["results"]:
+            if r["device"] == "cpu" and r["backend"] != "eager" and r.get("speedup_vs_eager") and r.get("speedup_ci"):
+                low, high = r["speedup_ci"]
+                se = (math.log(high) - math.log(low)) / (2 * 1.959964)
+                if se > 0:
+                    by.setdefault(r["backend"], []).append((math.log(r["speedup_vs_eager"]), se))
+    lines = []
+    for name, points in by.items():
+        if len(points) < 2:
+            continue
+        weights = [1 / se**2 for _, se in points]
+        mean = sum(w * x for w, (x, _) in zip(weights, points)) / sum(weights)
+        q = sum(w * (x - mean) ** 2 for w, (x, _) in zip(weights, points))
+        p = float(scipy_stats.chi2.sf(q, len(points) - 1))
+        centres = ", ".join(f"{math.exp(x):.3f}" for x, _ in points)
+        lines.append(f"  - `{name}`: {centres}; Q = {q:.1f} on {len(points) - 1} df, p = {p:.3g} "
+                     f"({'the runs differ beyond their intervals' if p < 0.05 else 'consistent with one figure'})")
+    return lines
+
+
 def _wall(data: dict) -> float:
     from datetime import datetime
 
@@ -104,13 +137,12 @@ def _wall(data: dict) -> float:
 
 
 def analyse(paths: list[Path], label: str, args: list[str]) -> str:
-    from cnncompare.core.results import RunReport
-
     runs = [json.loads(RunReport.from_json(p.read_text()).to_json()) for p in paths]
     env = runs[0]["environment"]
     lines = [f"## A/A over {len(runs)} runs: {label}", "",
              f"`cnncompare --devices cpu {' '.join(args)}`; {env['cpu']}, {env['threads']} threads, torch {env['torch']}; "
-             f"{runs[0]['config']['batch_size']} per batch, budget {runs[0]['config']['budget_s']:g} s.", "",
+             f"{runs[0]['config']['batch_size']} per batch, budget {runs[0]['config']['budget_s']:g} s, "
+             f"rounds of {runs[0]['config'].get('round_s') or 'the default'} s.", "",
              "| run | A/A (eager-control) | holds 1.0 | verdict | rounds | wall |", "|---|---|---|---|---|---|"]
     centres, holds, verdicts = [], 0, []
     pooled: dict[int, list[float]] = {}
@@ -137,17 +169,36 @@ def analyse(paths: list[Path], label: str, args: list[str]) -> str:
     for position in sorted(pooled):
         m, lo, hi = t_interval(pooled[position])
         lines.append(f"  - position {position}: {m:+.3f} [{lo:+.3f}, {hi:+.3f}] over {len(pooled[position])} row-rounds")
+    lines += ["", "- Each backend's figure run by run, and whether the runs agree within their own intervals "
+              "(Cochran's Q):", "", *between_runs(runs)]
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=int, default=5)
-    p.add_argument("--label", required=True, help="names the runs' files: bench/results/aa-LABEL-i.json")
+    p.add_argument("--label", help="names the runs' files: bench/results/aa-LABEL-i.json")
     p.add_argument("--out", type=Path, default=Path("reports/aa-bias.md"), help="markdown the summary is appended to")
     p.add_argument("--analyse-only", action="store_true", help="run nothing: the existing runs' JSON")
+    p.add_argument("--between", nargs="+", metavar="LABEL",
+                   help="run nothing: append only each label's between-runs test (Cochran's Q)")
     p.add_argument("extra", nargs="*", help="cnncompare arguments, after --")
     args = p.parse_args()
+    if args.between:
+        text = ["## Do the runs agree within their own intervals?", "",
+                "Each backend's speedup over eager, run by run, and Cochran's Q test over the runs (each run's",
+                "log centre weighted by its 95 % interval's inverse variance): a small p says the runs differ",
+                "by more than their own intervals allow, the machine's state moving the figure from one run",
+                "to the next.", ""]
+        for label in args.between:
+            found = sorted((f for f in RESULTS.glob(f"aa-{label}-*.json") if f.stem[len(label) + 4:].isdigit()),
+                           key=lambda f: int(f.stem[len(label) + 4:]))
+            runs = [json.loads(RunReport.from_json(f.read_text()).to_json()) for f in found]
+            text += [f"- {label} ({len(runs)} runs):", *between_runs(runs)]
+        publish("\n".join(text) + "\n", args.out)
+        return 0
+    if not args.label:
+        p.error("--label is required (or --between LABEL ...)")
     RESULTS.mkdir(parents=True, exist_ok=True)
     paths = [RESULTS / f"aa-{args.label}-{i}.json" for i in range(1, args.runs + 1)]
     if not args.analyse_only:
