@@ -201,4 +201,4 @@ def test_the_use_it_line_builds_the_workloads_own_optimizer():
     fused = registry.get("eager-fused")
     assert base.use_it(fused, "cpu", None, "SGD(lr=0.1, momentum=0.9)") == \
         "optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True)"
-    assert base.use_it(fused) == "optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)"
+    assert base.use_it(fused) == "optimizer = torch.optim.Adam(model.parameters(), lr=0.001, fused=True)"

@@ -56,7 +56,7 @@ class Backend(Protocol):
         One line for ``--list`` and the report.
     ``use_it: str`` [the description, with where it comes from]
         The code a user writes to get what the row measured, in one line:
-        ``torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)``,
+        ``torch.optim.Adam(model.parameters(), lr=0.001, fused=True)``,
         ``model = torch.compile(model)``. ``{device}`` in it stands for the
         device's type (``cpu``, ``cuda``). The summary prints the pick's;
         ``cnncompare list backends`` shows every backend's.
@@ -195,21 +195,24 @@ def description(backend: Any) -> str:
     return str(getattr(backend, "description", "") or "")
 
 
-#: The harness's default optimizer, as ``{optimizer}`` in a ``use_it`` line writes it.
-DEFAULT_OPTIMIZER = "Adam(lr=1e-3)"
+def default_optimizer(lr: float = 1e-3) -> str:
+    """The harness's optimizer for a workload that names none, Adam at ``lr`` (``--lr``), as a
+    report's recipe and a ``use_it`` line's ``{optimizer}`` spell it."""
+    return f"Adam(lr={lr:g})"
 
 
 def use_it(backend: Any, device: str = "{device}", plugin: Optional[str] = None,
-           optimizer: str = DEFAULT_OPTIMIZER) -> str:
+           optimizer: Optional[str] = None) -> str:
     """The backend's ``use_it`` line with ``{device}`` as ``device``'s type and ``{optimizer}`` as
     the workload's optimizer built over the model's parameters, its closing bracket left to the
-    line (``optimizer``: the class and the hyperparameters it sets, ``SGD(lr=0.1, momentum=0.9)``,
-    as the report's recipe names it: ``torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9``);
+    line (``optimizer``: the class and the hyperparameters it sets as the report's recipe names
+    it, ``SGD(lr=0.1, momentum=0.9)`` for ``torch.optim.SGD(model.parameters(), lr=0.1,
+    momentum=0.9``; by default ``default_optimizer()``);
     without a line, the backend's description and the plugin to read about it (a plugin need not
     declare the line)."""
     line = str(getattr(backend, "use_it", "") or "")
     if line:
-        cls, _, args = (optimizer or DEFAULT_OPTIMIZER).partition("(")
+        cls, _, args = (optimizer or default_optimizer()).partition("(")
         built = f"torch.optim.{cls}(model.parameters()" + (f", {args[:-1]}" if args[:-1] else "")
         return line.replace("{device}", device.split(":", 1)[0]).replace("{optimizer}", built)
     where = f"plugin {plugin!r}" if plugin else "its plugin"

@@ -13,6 +13,7 @@ import sys
 from dataclasses import Field, asdict, dataclass, field, fields, replace
 from typing import Any, Mapping, Optional
 
+from ..backends.base import default_optimizer
 from .codec import from_data
 
 
@@ -96,7 +97,7 @@ class RecipeInfo:
 
     def optimizer_at(self, lr: float) -> str:
         """The optimizer the step trains with: the recipe's, else the default Adam at ``lr``."""
-        return self.optimizer or f"Adam(lr={lr:g})"
+        return self.optimizer or default_optimizer(lr)
 
     def describe(self, lr: float) -> str:
         """One line: ``SGD(lr=0.1, momentum=0.9), OneCycleLR every step, clip_grad_norm 1``."""

@@ -160,7 +160,7 @@ def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunC
         from ...plugins import load_registry
 
         workload = load_registry().workloads[config.workload.name]
-    row = _row_fields(backend, plugin, slot, config)
+    row = row_fields(backend, plugin, slot, config)
     reason = slot.unavailable or unavailable(backend, slot.name, config)
     if reason:
         return CellResult(status=Status.SKIPPED, error=reason, **{**row, "compile_cache": None})
@@ -175,7 +175,7 @@ def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunC
     with tempfile.TemporaryDirectory(prefix="cnncompare-cell-") as cell_dir:
         outcome, cold, portable = _measure(backend, workload, slot.name, config, cell_dir, run_dir, on_phase,
                                            cache_dir or os.path.join(cell_dir, "compile-cache"), judge, pairing)
-        result = _result(outcome, config, row)
+        result = result_of(outcome, config, row)
         if pairing is not None and result.step_s is not None:  # drive reset them when the pairs began
             paired = pairing.eager_samples
             result.round_eager_samples = [paired if paired and len(paired) == result.step_s.n else []]
@@ -196,7 +196,7 @@ def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunC
             single, _, _ = _measure(backend, workload, slot.name, alone, os.path.join(cell_dir, "single"), run_dir,
                                  lambda name, done, total: on_phase(f"single-process-{name}", done, total),
                                  os.path.join(cell_dir, "single-compile-cache"), judge=False)
-            one = _result(single, alone, row)
+            one = result_of(single, alone, row)
             result.distributed = replace(
                 result.distributed, single_process_status=one.status.value,
                 single_process_step_median_s=one.step_s.median if one.status == Status.OK and one.step_s else None,
@@ -343,7 +343,7 @@ def _compute_reference(backend: Any, workload: Any, slot: DeviceSlot, config: Ru
     return where
 
 
-def _row_fields(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunConfig) -> dict[str, Any]:
+def row_fields(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunConfig) -> dict[str, Any]:
     """What the parent knows of a row before its child says anything."""
     return dict(backend=backend.name, device=slot.name, plugin=plugin, description=base.description(backend),
                 use_it=base.use_it(backend, slot.name, plugin, config.workload.recipe.optimizer_at(config.lr)),
@@ -399,7 +399,7 @@ def _measure(backend: Any, workload: Any, device: str, config: RunConfig, cell_d
                              CacheArtifacts(portable, load=True))
 
 
-def _result(outcome: Outcome, config: RunConfig, row: dict) -> CellResult:
+def result_of(outcome: Outcome, config: RunConfig, row: dict) -> CellResult:
     """The report's row from the child's record (maybe partial) and how the child ended."""
     record = outcome.record or CellRecord()
     result = CellResult.from_record(record, **row)

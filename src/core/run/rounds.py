@@ -24,7 +24,7 @@ from ..config import RunConfig
 from ..records import ReferenceInfo
 from ..results import CellResult, RoundInfo
 from ..stats import StepStats
-from .cell import Pairing, _result, _row_fields, ensure_reference, run_cell, summarize
+from .cell import Pairing, ensure_reference, result_of, row_fields, run_cell, summarize
 from .devices import DeviceSlot
 from .launch import Child, Outcome
 from .pairs import round_size
@@ -73,7 +73,7 @@ class Cells:
 
     def eager_round(self, slot: DeviceSlot, outcome: Outcome, samples: list[float]) -> CellResult:
         """Eager's row for a later round: the steps of every eager process it paired with."""
-        result = _result(outcome, self.config, _row_fields(self.registry.get("eager"), None, slot, self.config))
+        result = result_of(outcome, self.config, row_fields(self.registry.get("eager"), None, slot, self.config))
         result.step_s = StepStats.from_samples(samples)
         result.wall_s = 0.0  # its time is in each row's
         self.done += 1  # eager's round, counted in the plan, is no cell of its own
