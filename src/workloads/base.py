@@ -84,6 +84,25 @@ class Workload(Protocol):
         ...
 
 
+def check_positive(options: Mapping[str, Any], keys: Any) -> None:
+    """Raise ``ValueError("<key>: must be positive, ...")`` for the first of ``keys`` below 1 (the
+    built-in workloads' options are all sizes and counts)."""
+    for key in keys:
+        if options[key] < 1:
+            raise ValueError(f"{key}: must be positive, got {options[key]}")
+
+
+def image_batch(n: int, channels: int, size: int, classes: int, generator: "torch.Generator",
+                device: "torch.device") -> tuple["torch.Tensor", "torch.Tensor"]:
+    """``n`` images of ``channels x size x size`` from N(0, 1) and uniform labels below
+    ``classes``, drawn from ``generator`` on ``device`` (images first, then labels)."""
+    import torch
+
+    x = torch.randn((n, channels, size, size), generator=generator, device=device)
+    y = torch.randint(0, classes, (n,), generator=generator, device=device)
+    return x, y
+
+
 @dataclass(frozen=True)
 class Recipe:
     """How a workload trains, followed by every backend's cell and by the float64 reference.

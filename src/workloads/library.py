@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Mapping
 
+from .base import check_positive, image_batch
 from .factory import WorkloadError
 
 LIBRARIES = ("torchvision", "timm")
@@ -47,9 +48,7 @@ class LibraryWorkload:
             return 224
 
     def check_options(self, options: Mapping[str, Any]) -> None:
-        for key in self.options:
-            if options[key] < 1:
-                raise ValueError(f"{key}: must be positive, got {options[key]}")
+        check_positive(options, self.options)
 
     def build_model(self, options: Mapping[str, Any]) -> Any:
         models = _import(self.library)
@@ -61,12 +60,7 @@ class LibraryWorkload:
         return models.create_model(self.model_name, pretrained=False, num_classes=options["num_classes"], **extra)
 
     def make_batch(self, options: Mapping[str, Any], n: int, generator: Any, device: Any) -> Any:
-        import torch
-
-        size = options["image_size"]
-        x = torch.randn((n, 3, size, size), generator=generator, device=device)
-        y = torch.randint(0, options["num_classes"], (n,), generator=generator, device=device)
-        return x, y
+        return image_batch(n, 3, options["image_size"], options["num_classes"], generator, device)
 
     def loss(self, output: Any, targets: Any) -> Any:
         from torch.nn import functional

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from .. import hookimpl
+from .base import check_positive, image_batch
 
 
 class BasicBlock(nn.Module):
@@ -61,9 +62,7 @@ class ResNetWorkload:
     options = {"image_size": 32, "width": 16, "in_channels": 3, "num_classes": 10}
 
     def check_options(self, options: Mapping[str, Any]) -> None:
-        for key in self.options:
-            if options[key] < 1:
-                raise ValueError(f"{key}: must be positive, got {options[key]}")
+        check_positive(options, self.options)
         if options["image_size"] < 8:
             # Three stride-2 stages: below 8 pixels the last stage sees a 1x1 (or empty) map.
             raise ValueError(f"image_size: must be at least 8 (three stride-2 stages), got {options['image_size']}")
@@ -73,10 +72,7 @@ class ResNetWorkload:
 
     def make_batch(self, options: Mapping[str, Any], n: int, generator: torch.Generator,
                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        size = options["image_size"]
-        x = torch.randn((n, options["in_channels"], size, size), generator=generator, device=device)
-        y = torch.randint(0, options["num_classes"], (n,), generator=generator, device=device)
-        return x, y
+        return image_batch(n, options["in_channels"], options["image_size"], options["num_classes"], generator, device)
 
     def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return nn.functional.cross_entropy(output, targets)

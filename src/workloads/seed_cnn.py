@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from .. import hookimpl
+from .base import check_positive, image_batch
 
 
 class SeedCNN(nn.Module):
@@ -41,9 +42,7 @@ class SeedCNNWorkload:
     options = {"image_size": 28, "in_channels": 3, "num_classes": 10}
 
     def check_options(self, options: Mapping[str, Any]) -> None:
-        for key in self.options:
-            if options[key] < 1:
-                raise ValueError(f"{key}: must be positive, got {options[key]}")
+        check_positive(options, self.options)
 
     def build_model(self, options: Mapping[str, Any]) -> nn.Module:
         return SeedCNN(options["image_size"], options["in_channels"], options["num_classes"])
@@ -51,10 +50,7 @@ class SeedCNNWorkload:
     def make_batch(self, options: Mapping[str, Any], n: int, generator: torch.Generator,
                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """``n`` images of ``in_channels x image_size x image_size`` from N(0, 1), uniform labels."""
-        size = options["image_size"]
-        x = torch.randn((n, options["in_channels"], size, size), generator=generator, device=device)
-        y = torch.randint(0, options["num_classes"], (n,), generator=generator, device=device)
-        return x, y
+        return image_batch(n, options["in_channels"], options["image_size"], options["num_classes"], generator, device)
 
     def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         # The model ends in LogSoftmax: its output is log-probabilities.

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .. import hookimpl
+from .base import check_positive
 
 
 class TokenEncoder(nn.Module):
@@ -48,9 +49,7 @@ class TransformerWorkload:
     options = {"seq_len": 64, "vocab": 1000, "d_model": 128, "heads": 4, "layers": 2, "ff": 512}
 
     def check_options(self, options: Mapping[str, Any]) -> None:
-        for key in self.options:
-            if options[key] < 1:
-                raise ValueError(f"{key}: must be positive, got {options[key]}")
+        check_positive(options, self.options)
         if options["d_model"] % options["heads"]:
             raise ValueError(f"d_model: must be a multiple of heads ({options['heads']}), got {options['d_model']}")
         if options["d_model"] % 2:
