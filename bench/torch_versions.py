@@ -41,7 +41,7 @@ VERSIONS = [f"2.{minor}" for minor in range(6, 16)]
 MIN_FREE_GB = 12.0  # a CUDA build of torch in a venv is about 5.5 GB, plus pip's unpacking
 #: The suite CI runs, less its one default-config test (2-3 minutes of full-size parity runs, the
 #: same on every torch; CI runs it): ten releases must fit in one session on 2 cores.
-PYTEST = ["-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile", "--deselect",
+PYTEST = ["-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile", "--durations", "30", "--deselect",
           "tests/test_parity_catches.py::test_wrong_backends_fail_and_correct_ones_pass_with_margin_at_the_seed_config"]
 TINY = ["--backends", "all", "--devices", "cpu", "--batch-size", "4", "--image-size", "8",
         "--steps", "3", "--warmup", "1", "--rounds", "1", "--timeout", "600"]
@@ -78,9 +78,9 @@ def snapshot(workdir: Path) -> tuple[Path, str]:
     return tree, commit
 
 
-def test_release(minor: str, workdir: Path, keep: bool, tests: bool = True) -> dict:
-    """One row: what was installed, each backend's status, the suite's summary line."""
-    tree, commit = snapshot(workdir)
+def test_release(minor: str, workdir: Path, tree: Path, commit: str, keep: bool, tests: bool = True) -> dict:
+    """One row: what was installed from ``tree`` (``commit``), each backend's status, the suite's
+    summary line."""
     row: dict = {"minor": minor, "python": platform.python_version(), "commit": commit,
                  "date": time.strftime("%Y-%m-%d", time.gmtime())}
     free_gb = shutil.disk_usage(workdir).free / 2**30
@@ -205,9 +205,10 @@ def main() -> int:
         RESULTS.write_text(json.dumps(rows, indent=1, sort_keys=True) + "\n")
     else:
         args.workdir.mkdir(parents=True, exist_ok=True)
+        tree, commit = snapshot(args.workdir)  # once: every release's row tests the same commit
         for minor in args.versions:
             print(f"torch {minor} …", file=sys.stderr, flush=True)
-            rows[minor] = test_release(minor, args.workdir, args.keep, tests=not args.no_tests)
+            rows[minor] = test_release(minor, args.workdir, tree, commit, args.keep, tests=not args.no_tests)
             RESULTS.write_text(json.dumps(rows, indent=1, sort_keys=True) + "\n")
             TABLE.write_text(table(rows))
             print(f"torch {minor}: {rows[minor].get('tests') or rows[minor].get('error')}", file=sys.stderr)
