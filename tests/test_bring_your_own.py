@@ -244,3 +244,21 @@ def test_a_batch_size_sweep_writes_each_size_and_a_summary(tmp_path, capsys):
     code, _, err = _cli(capsys, "compare", str(tmp_path / "s-bs2.json"), str(tmp_path / "other.json"),
                         "--any-workload")
     assert code == 0, err
+
+
+def test_float_targets_reach_the_float64_reference_as_float64(monkeypatch):
+    """A regression's targets are cast with its inputs: torch 2.6's MSE backward refuses a float32
+    target against the reference's float64 output (newer releases promote it silently)."""
+    import torch
+    from cnncompare.core.cell.training import Job
+
+    monkeypatch.chdir(ROOT / "tests")
+    workload, _ = find("user_models.factories:tiny_regression", {})
+    job = Job(workload, RunConfig(**{**TINY, "workload": WorkloadSpec("user_models.factories:tiny_regression")}))
+    x, y = job.batch(0, torch.device("cpu"), dtype=torch.float64)
+    assert x.dtype == y.dtype == torch.float64
+    x, y = job.batch(0, torch.device("cpu"))
+    assert x.dtype == y.dtype == torch.float32
+    ids = find("seed-cnn", load_registry(entry_points=False).workloads)[0]
+    _, labels = Job(ids, RunConfig(**TINY)).batch(0, torch.device("cpu"), dtype=torch.float64)
+    assert labels.dtype == torch.int64  # class ids stay integers

@@ -1,6 +1,7 @@
 """The knobs that trade compile cost against recompiles: compile-dynamic, compile-mark-dynamic,
 compile-regional, and where each row's compile time went (torch's compile metrics by phase)."""
 import pytest
+import torch
 
 from _tiny import TINY
 from cnncompare.backends.inductor import CompileRegional, repeated_blocks
@@ -89,7 +90,12 @@ def test_a_warm_cache_run_measures_the_start_from_the_cold_runs_portable_cache(t
     config = tiny_config(compile_cache="warm", backends=("compile",))
     r = run_cell(registry.get("compile"), None, DeviceSlot("cpu"), config)
     assert r.status is Status.OK and r.compile_cache == "warm", (r.error, r.error_tail)
-    assert r.cold_first_step_s is not None and r.portable_status == "ok", (r.portable_status, r.error_tail)
+    assert r.cold_first_step_s is not None
+    if not hasattr(torch.compiler, "save_cache_artifacts"):  # torch 2.6: the row says why there is no third run
+        assert r.portable_status is None and any("save_cache_artifacts" in note for note in r.notes), r.notes
+        return
+    assert r.portable_status == "ok", (r.portable_status, r.error_tail)
     assert r.portable_first_step_s is not None and r.portable_compile_s is not None and r.portable_cache_mb > 0
+    assert not r.notes, r.notes
     eager = run_cell(registry.get("eager"), None, DeviceSlot("cpu"), config)
     assert eager.status is Status.OK and eager.portable_status is None and eager.portable_compile_s is None

@@ -42,9 +42,9 @@ class Workload(Protocol):
         ``n`` samples drawn from ``generator`` (a ``torch.Generator`` on
         ``device``, seeded by the harness), created on ``device``. Under DDP
         the harness asks for the global batch and gives each rank its slice
-        along the first dimension. Floating-point inputs are converted to
-        the reference's dtype by the harness; integer inputs (token ids) are
-        left alone.
+        along the first dimension. Floating-point inputs and targets are
+        converted to the reference's dtype by the harness; integer ones (token
+        ids, class ids) are left alone.
     ``loss(output, targets) -> torch.Tensor``
         A scalar loss of the model's output, averaged over the batch.
 

@@ -2,6 +2,7 @@
 from importlib.metadata import PackageNotFoundError, version
 
 import pytest
+import torch
 
 import cnncompare_onnxruntime
 from cnncompare.core.config import RunConfig, WorkloadSpec
@@ -24,6 +25,9 @@ def _registry():
 def test_onnxruntime_runs_the_seed_cnn_in_inference_with_parity_passed():
     backend = _registry().get("onnxruntime")
     r = run_cell(backend, "onnxruntime", DeviceSlot("cpu"), RunConfig(mode="inference", **TINY))
+    if tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 7):  # torch 2.6's exporter: BatchNorm fails
+        assert r.status is Status.FAIL_COMPILE and "ConversionError" in r.error, (r.status, r.error)
+        return
     assert r.status is Status.OK, (r.error, r.error_tail)
     assert r.parity.passed and r.parity.margin < 0.5 and r.parity.output_rel_error < 1e-5
     assert r.compile_s > 0  # the export and the session's creation

@@ -117,15 +117,16 @@ class Job:
         samples each (the step splits it, ``Recipe.split``). Under DDP the global batch is
         ``shards`` times that and rank ``shard`` trains on its slice (weak scaling).
         With one shard the batch is the single-process one, number for number.
-        Floating-point inputs are cast to ``dtype``.
+        Floating-point inputs and targets are cast to ``dtype`` (regression targets against a
+        float64 output: torch 2.6's MSE backward refuses a float32 target there).
         """
         gen = torch.Generator(device=device).manual_seed(self.config.seed * 7919 + index + 1)
         n = self.config.batch_size * self.micro_batches
         with self._naming("make_batch"):
             x, y = self.workload.make_batch(self.options, n * shards, gen, device)
         part = slice(shard * n, (shard + 1) * n)
-        x = x[part].contiguous()
-        return (x.to(dtype) if x.is_floating_point() else x), y[part].contiguous()
+        x, y = x[part].contiguous(), y[part].contiguous()
+        return (x.to(dtype) if x.is_floating_point() else x), (y.to(dtype) if y.is_floating_point() else y)
 
     def forward_input(self, index: int, device: torch.device, shard: int = 0, shards: int = 1) -> torch.Tensor:
         """The inputs of batch ``index``'s first micro-batch: what one forward sees (the compile

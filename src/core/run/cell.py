@@ -186,6 +186,9 @@ def run_cell(backend: Any, plugin: Optional[str], slot: DeviceSlot, config: RunC
                 result.eager_cuda_peak_reserved_steady_mb = eager.cuda_peak_reserved_steady_mb
         if cold is not None and cold.record is not None:
             result.cold_compile_s, result.cold_first_step_s = cold.record.compile_s, cold.record.first_step_s
+        if cold is not None and cold.succeeded and portable is None and not _saves_portable_caches():
+            result.notes.append("no start from a portable cache: this torch has no "
+                                "torch.compiler.save_cache_artifacts (torch 2.7 and newer have it)")
         if portable is not None and portable.record is not None:
             p = portable.record
             result.portable_compile_s, result.portable_first_step_s = p.compile_s, p.first_step_s
@@ -360,6 +363,13 @@ def unavailable(backend: Any, device: str, config: RunConfig) -> Optional[str]:
         assert config.nproc is not None
         reason = torchrun.unavailable(device, config.nproc)
     return reason
+
+
+def _saves_portable_caches() -> bool:
+    """Whether this torch can save a compile cache another process loads (torch 2.7 and newer)."""
+    import torch
+
+    return hasattr(torch.compiler, "save_cache_artifacts")
 
 
 def _measure(backend: Any, workload: Any, device: str, config: RunConfig, cell_dir: str, run_dir: Optional[str],
