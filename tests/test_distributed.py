@@ -18,8 +18,10 @@ def ddp_report():
 
     # aot-eager: dynamo under DDP (DDPOptimizer splits the graph at bucket boundaries) without
     # inductor's C++ builds, which cost a minute on 2 cores for two ranks and the single process.
+    # The default cell timeout: alone this takes about 40 s (80 s on torch 2.6), but beside the
+    # other xdist worker two gloo ranks on 2 cores took over 240 s there.
     config = RunConfig(backends=("eager", "aot-eager", "raise-rank1", "kill-rank1"), devices=("cpu",), nproc=2,
-                       timeout_s=240, **TINY)
+                       timeout_s=600, **TINY)
     registry = load_registry(extra_plugins=[fault_backends], entry_points=False)
     report = RunReport(environment={}, config=config)
     run_cells(plan_cells(config, [DeviceSlot("cpu")]), config, registry, report, lambda rep: None)
