@@ -160,7 +160,8 @@ def table(rows: dict[str, dict]) -> str:
         "parity passed, built-ins apart from the plugins' rows. **Tests**: the suite as `make test` runs it",
         "(`pytest -q -n 2 --dist loadfile`),",
         "with that torch, less its one default-config test (full-size parity runs; CI runs it on 2.13).",
-        "CUDA-only rows are skipped on a CPU and are not counted.",
+        "CUDA-only rows are skipped on a CPU and are not counted. Each row names the commit it tested;",
+        "a row of an earlier commit ran that commit's suite and backends.",
         "",
         "| torch | python | commit | date | built-ins ok | built-ins not ok | plugins ok | tests | "
         "install / backends / tests (s) |",

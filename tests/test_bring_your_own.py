@@ -250,6 +250,7 @@ def test_float_targets_reach_the_float64_reference_as_float64(monkeypatch):
     """A regression's targets are cast with its inputs: torch 2.6's MSE backward refuses a float32
     target against the reference's float64 output (newer releases promote it silently)."""
     import torch
+
     from cnncompare.core.cell.training import Job
 
     monkeypatch.chdir(ROOT / "tests")
