@@ -27,6 +27,7 @@ cores moves the figures by 10 % or more.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import statistics
@@ -113,7 +114,7 @@ def between_runs(runs: list[dict]) -> list[str]:
         for r in data["results"]:
             if r["device"] == "cpu" and r["backend"] != "eager" and r.get("speedup_vs_eager") and r.get("speedup_ci"):
                 low, high = r["speedup_ci"]
-                se = (math.log(high) - math.log(low)) / (2 * 1.959964)
+                se = (math.log(high) - math.log(low)) / (2 * scipy_stats.norm.ppf(0.975))
                 if se > 0:
                     by.setdefault(r["backend"], []).append((math.log(r["speedup_vs_eager"]), se))
     lines = []
@@ -136,8 +137,18 @@ def _wall(data: dict) -> float:
     return (datetime.fromisoformat(data["finished_at"]) - datetime.fromisoformat(data["started_at"])).total_seconds()
 
 
+def load_runs(paths: list[Path]) -> list[dict]:
+    """Each run's JSON as derived now (read back through ``RunReport``)."""
+    return [json.loads(RunReport.from_json(p.read_text()).to_json()) for p in paths]
+
+
+def label_paths(label: str) -> list[Path]:
+    """``aa-LABEL-1.json``, ``aa-LABEL-2.json``, ... up to the first missing."""
+    return list(itertools.takewhile(Path.exists, (RESULTS / f"aa-{label}-{i}.json" for i in itertools.count(1))))
+
+
 def analyse(paths: list[Path], label: str, args: list[str]) -> str:
-    runs = [json.loads(RunReport.from_json(p.read_text()).to_json()) for p in paths]
+    runs = load_runs(paths)
     env = runs[0]["environment"]
     lines = [f"## A/A over {len(runs)} runs: {label}", "",
              f"`cnncompare --devices cpu {' '.join(args)}`; {env['cpu']}, {env['threads']} threads, torch {env['torch']}; "
@@ -191,9 +202,7 @@ def main() -> int:
                 "by more than their own intervals allow, the machine's state moving the figure from one run",
                 "to the next.", ""]
         for label in args.between:
-            found = sorted((f for f in RESULTS.glob(f"aa-{label}-*.json") if f.stem[len(label) + 4:].isdigit()),
-                           key=lambda f: int(f.stem[len(label) + 4:]))
-            runs = [json.loads(RunReport.from_json(f.read_text()).to_json()) for f in found]
+            runs = load_runs(label_paths(label))
             text += [f"- {label} ({len(runs)} runs):", *between_runs(runs)]
         publish("\n".join(text) + "\n", args.out)
         return 0
