@@ -43,7 +43,7 @@ def test_round_trip_and_comparability_ignores_selection():
                   backend_options={"compile": {"x": True}})
     assert RunConfig.from_dict(c.to_dict()) == replace(c, threads=c.resolved_threads)
     assert c.comparable() != replace(c, backend_options={}).comparable()  # they change what a cell measures
-    assert c.comparable() == replace(c, backends=("eager",), timeout_s=5).comparable()
+    assert c.comparable() == replace(c, backends=("eager",), timeout_s=5, fork_server="per-run").comparable()
     assert c.comparable() != replace(c, steps=8).comparable()
     assert c.comparable() != replace(c, workload=WorkloadSpec("seed-cnn", {"image_size": 9})).comparable()
 
@@ -55,5 +55,6 @@ def test_a_report_from_before_workloads_reads_as_the_seed_cnn():
     c = RunConfig.from_dict(old)
     assert c.workload == WorkloadSpec("seed-cnn", {"image_size": 8, "in_channels": 3, "num_classes": 10}, "image")
     assert c.rounds == 1  # measured before --rounds: one round
+    assert c.fork_server == "per-run" and RunConfig().fork_server == "per-round"  # before --fork-server: one server
     with pytest.raises(ValueError, match="stepz"):
         RunConfig.from_dict({**c.to_dict(), "stepz": 3})  # a misspelled key is an error, not dropped

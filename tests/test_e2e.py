@@ -169,18 +169,39 @@ def test_warm_compile_cache_runs_twice_and_keeps_the_cold_times(tiny_config):
     assert r.cold_compile_s is not None and r.cold_first_step_s is not None
 
 
-def test_rounds_pair_each_backend_with_a_warm_eager_reuse_the_cache_and_give_an_interval(tmp_path):
+def _server_renewals(monkeypatch) -> list[tuple]:
+    """Each fork server the run starts afresh between rounds, as (the old pid, the new pid)."""
+    from cnncompare.core.run import orchestrate
+    from cnncompare.core.run.launch import SERVER
+
+    renewals, renew = [], orchestrate.renew_server
+
+    def spy(config):
+        old = SERVER.pid
+        seconds = renew(config)
+        renewals.append((old, SERVER.pid))
+        return seconds
+
+    monkeypatch.setattr(orchestrate, "renew_server", spy)
+    return renewals
+
+
+def test_rounds_pair_each_backend_with_a_warm_eager_reuse_the_cache_and_give_an_interval(monkeypatch):
     """--rounds 2: every backend twice, in a seeded shuffle per round, the sentinel timed at each
     round's start, each cell's steps paired with the round's warm eager process; round 2 adds
-    samples and a warm compile; the speedup gets an interval; a spent budget adds no round."""
+    samples and a warm compile, its cells forked from a new server (a new address-space layout);
+    the speedup gets an interval; a spent budget adds no round."""
     from _tiny import TINY
     from cnncompare.core.config import RunConfig
 
     config = RunConfig(backends=("eager", "eager-fused", "jit-trace"), devices=("cpu",),
                        **{**TINY, "rounds": 2, "budget_s": 0.001})
+    assert config.fork_server == "per-round"
+    renewals = _server_renewals(monkeypatch)
     report = RunReport(environment={}, config=config)
     run_cells(plan_cells(config, [DeviceSlot("cpu")]), config, load_registry(entry_points=False), report,
               on_result=lambda rep: None)
+    assert len(renewals) == 1 and None not in renewals[0] and renewals[0][0] != renewals[0][1]
     log = report.round_log["cpu"]
     assert len(log) == 2 and all(sorted(info.order) == ["eager", "eager-fused", "jit-trace"] for info in log)
     assert report.order_seed is not None and RunReport.from_json(report.to_json()).order_seed == report.order_seed
@@ -214,16 +235,19 @@ def test_rounds_pair_each_backend_with_a_warm_eager_reuse_the_cache_and_give_an_
     assert ran == [] and len(again.round_log["cpu"]) == 2
 
 
-def test_rounds_beyond_the_minimum_go_to_wide_intervals_while_the_budget_lasts():
+def test_rounds_beyond_the_minimum_go_to_wide_intervals_while_the_budget_lasts(monkeypatch):
     """--rounds 2, then more rounds for the rows wider than --target, within --budget: every row
-    keeps one entry per round (None for a round it sat out), and the run ends near the budget."""
+    keeps one entry per round (None for a round it sat out), and the run ends near the budget.
+    With ``--fork-server per-run`` every round's cells come from one server."""
     import time
 
     from _tiny import TINY
     from cnncompare.core.config import RunConfig
 
     config = RunConfig(backends=("eager", "eager-fused", "eager-control"), devices=("cpu",),
-                       **{**TINY, "rounds": 2, "steps": 3, "target": 0.001, "budget_s": 25.0})
+                       **{**TINY, "rounds": 2, "steps": 3, "target": 0.001, "budget_s": 25.0,
+                          "fork_server": "per-run"})
+    renewals = _server_renewals(monkeypatch)
     report = RunReport(environment={}, config=config)
     start = time.monotonic()
     run_cells(plan_cells(config, [DeviceSlot("cpu")]), config, load_registry(entry_points=False), report,
@@ -237,6 +261,7 @@ def test_rounds_beyond_the_minimum_go_to_wide_intervals_while_the_budget_lasts()
             ran = [k for k, s in enumerate(r.round_samples) if s]
             assert all(len(r.round_eager_samples[k]) == len(r.round_samples[k]) == 3 for k in ran)
     assert all(info.order for info in report.round_log["cpu"][2:])  # who ran each extra round is logged
+    assert renewals == []
 
 
 def test_fast_steps_make_a_round_of_more_pairs_than_steps():

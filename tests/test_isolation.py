@@ -136,3 +136,29 @@ def test_the_fork_server_imports_torch_under_each_cells_import_time_settings(tmp
         assert server.pid != first and "TORCHINDUCTOR_FX_GRAPH_CACHE=0" in server_env().split("\0")
     finally:
         server.close()
+
+
+def test_a_renewed_fork_server_is_a_new_process_image():
+    """``--fork-server per-round``'s premise: a forked child is a copy of its server's address
+    space, so every child of one server has its layout (ASLR: where the C library and the heap
+    lie); ``renew`` starts a new server, whose layout is drawn anew."""
+    import os
+
+    from cnncompare.core.run.forkserver import ForkServer
+
+    with open("/proc/sys/kernel/randomize_va_space") as f:
+        if f.read().strip() == "0":
+            pytest.skip("address-space layout randomization is off on this machine")
+    server = ForkServer()
+
+    def layout() -> list[str]:
+        with open(f"/proc/{server.pid}/maps") as f:
+            return sorted(line.split()[0] for line in f if "libc" in line or "[heap]" in line)
+
+    try:
+        assert server.renew(dict(os.environ)) > 0
+        first, where = server.pid, layout()
+        assert where and server.renew(dict(os.environ)) > 0
+        assert server.pid != first and layout() != where
+    finally:
+        server.close()

@@ -44,6 +44,14 @@ COMPILE_CACHE_MODES = ("cold", "warm")
 #: guide recommends, with nothing to install.
 MALLOC_POLICIES = ("system", "reuse")
 
+#: ``--fork-server``: how often the cells' fork server (``run/forkserver.py``) starts afresh. Every
+#: child forked from one server has its address-space layout (ASLR), and a layout moves a small
+#: step's time by a few per cent, differently for different code (docs/verdicts.md, "One layout
+#: per run"). per-round: a new server each round, so a row's rounds each draw a layout and the
+#: interval over rounds covers it. per-run: one for the run (a server start, ~3 s here, less per
+#: round), every round in one layout: an effect the interval can't see.
+FORK_SERVER_MODES = ("per-round", "per-run")
+
 DEFAULT_WORKLOAD = "seed-cnn"
 
 #: ``--mode``: what a cell times. train: forward, loss, backward, the workload's optimizer (the default step).
@@ -262,6 +270,11 @@ class RunConfig:
         "system", "--malloc", "system: the C library's allocator as your own script gets it; reuse (glibc): freed "
         "CPU memory is kept for the next step instead of returned to the kernel, so large tensors stop paying "
         "page faults every step", choices=MALLOC_POLICIES)
+    fork_server: str = option(
+        "per-round", "--fork-server", "per-round: each round's cells are forked from a new fork server, a new "
+        "address-space layout, so the speedup's interval covers what the layout does to a row's step; per-run: one "
+        "server for the run (one layout for every round: about 3 s less per round, and an interval that can't see "
+        "the layout)", choices=FORK_SERVER_MODES)
     #: Reuse the parity reference an earlier run cached (``run/reference_cache.py``); ``--no-cache``
     #: turns it off. It changes nothing a cell measures.
     reference_cache: bool = True
@@ -374,6 +387,7 @@ class RunConfig:
         data.setdefault("round_s", 0.0)  # and before rounds grew for fast steps: --steps pairs
         data.setdefault("mode", "train")  # reports from before --mode
         data.setdefault("backend_options", {})  # and before --backend-option
+        data.setdefault("fork_server", "per-run")  # and before --fork-server: one server per run
         if "workload" not in data:
             data["workload"] = {"name": DEFAULT_WORKLOAD, "sample_unit": "image",
                                 "options": {k: data.pop(k) for k in ("image_size", "in_channels", "num_classes")
@@ -393,7 +407,7 @@ class RunConfig:
 
 #: Config keys that choose what runs, where, or how it is supervised, not what a cell measures.
 _SELECTION_KEYS = ("backends", "devices", "timeout_s", "max_memory_mb", "node_rank", "rdzv_endpoint", "target",
-                   "budget_s", "reference_cache")
+                   "budget_s", "reference_cache", "fork_server")
 
 
 def flagged_fields() -> list[Field]:

@@ -73,7 +73,9 @@ def _protocol(report: RunReport) -> str:
         more = ("more for the rows contending for the pick until it is decided" if config.target is None
                 else f"more while an interval is wider than ±{config.target:g} %")
         return (f"{warmup_text(config)} steps, then {config.steps} step pairs with a fresh eager process per cell "
-                f"and round; at least {config.rounds} rounds, {more}, while the {config.budget_s:g} s budget allows")
+                f"and round; at least {config.rounds} rounds, {more}, while the {config.budget_s:g} s budget allows; "
+                + ("each round's processes forked from a new server (a new memory layout)" if config.fork_server == "per-round"
+                   else "every round's processes forked from one server (one memory layout, `--fork-server per-run`)"))
     return (f"{warmup_text(config)} + {config.steps} measured steps per cell"
             + (f" and round, {config.rounds} rounds" if config.rounds > 1 else ""))
 

@@ -220,9 +220,9 @@ _REFERENCES: dict[str, tuple[str, Optional[ReferenceInfo]]] = {}
 def _reference_key(workload: Any, slot: DeviceSlot, config: RunConfig, plan: ReferencePlan) -> str:
     import json
 
-    job = {k: v for k, v in config.to_dict().items()
-           if k not in ("backends", "devices", "timeout_s", "max_memory_mb", "backend_options", "compile_cache",
-                        "compile_threads", "rounds", "target", "budget_s")}
+    from .reference_cache import NOT_KEYED
+
+    job = {k: v for k, v in config.to_dict().items() if k not in NOT_KEYED}
     return json.dumps([slot.name, workload.name, job, plan.__dict__], sort_keys=True, default=str)
 
 

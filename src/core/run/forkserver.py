@@ -35,6 +35,7 @@ import select
 import signal
 import subprocess
 import sys
+import time
 from typing import Optional
 
 from ..cell.main import IMPORTED_BEFORE_TIMING
@@ -130,8 +131,9 @@ def _run_child(stdin: int, forked_main, request: dict, server: int) -> None:
 class ForkServer:
     """The parent's handle on one server, started on first use and kept for this process's later
     runs (a library user, or the test suite, running job after job pays its start once: torch
-    and its compilers imported, ~3 s here). It ends when the parent closes it, when the parent
-    exits (its stdin closes), or when the parent dies (``die_with_parent``)."""
+    and its compilers imported, ~3 s here) until ``renew`` replaces it (each round, by default:
+    ``--fork-server``). It ends when the parent closes it, when the parent exits (its stdin
+    closes), or when the parent dies (``die_with_parent``)."""
 
     def __init__(self) -> None:
         self._proc: Optional[subprocess.Popen] = None
@@ -180,6 +182,17 @@ class ForkServer:
             self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
         return json.loads(line)
+
+    def renew(self, env: dict) -> float:
+        """Replace the server with a new one whose imports saw ``env``'s import-time variables; the
+        seconds its start took (the imports). The children forked from then on are copies of a new
+        process image: a new address-space layout (ASLR: where the libraries, the heap and the
+        stacks lie), where every child of one server has the same. Call it between rounds: the old
+        server's children die with it."""
+        self.close()
+        start = time.perf_counter()
+        self._start(import_time_env(env))
+        return time.perf_counter() - start
 
     def start_child(self, payload: str, env: dict, workdir: str, log: str) -> int:
         """Fork a cell's child running ``forked_main`` with ``env``; its pid. A server whose

@@ -75,6 +75,12 @@ def child_env(cache_dir: str, config: RunConfig) -> dict[str, str]:
     return env
 
 
+def renew_server(config: RunConfig) -> float:
+    """A new fork server for the cells to come, its imports under their settings
+    (``ForkServer.renew``: a new address-space layout); the seconds its start took."""
+    return SERVER.renew(child_env("", config))
+
+
 class _Forked:
     """A cell's child forked from the fork server, with the part of ``Popen``'s interface we use."""
 

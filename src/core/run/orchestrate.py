@@ -7,9 +7,9 @@ then rounds 2 to ``--rounds`` every backend again; after them the run's policy (
 names each next round's backends while ``--budget`` lasts: the rows still contending for the
 pick, until it is decided (or, with ``--target``, the rows wider than it). Each round's order is
 a shuffle seeded by the report's ``order_seed`` (drawn per run, recorded), the drift sentinel
-timed at its start. What one round does is ``rounds.Round``'s, one cell ``cell.py``'s, and how a
-cell joins its row ``results.RunReport.fold``'s. Under ``--nproc`` the rounds are unpaired:
-each cell once per round.
+timed at its start, its cells forked from a new fork server (``--fork-server per-round``). What
+one round does is ``rounds.Round``'s, one cell ``cell.py``'s, and how a cell joins its row
+``results.RunReport.fold``'s. Under ``--nproc`` the rounds are unpaired: each cell once per round.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from ..records import Status
 from ..results import CellResult, RoundInfo, RunReport
 from .cell import paid, run_cell, summarize, unavailable
 from .devices import DeviceSlot
-from .launch import SERVER
+from .launch import SERVER, renew_server
 from .policy import policy_for, round_order
 from .progress import Progress
 from .rounds import Cells, Round
@@ -99,6 +99,9 @@ class _Run:
     def __init__(self, config: RunConfig, cells: Cells, report: RunReport, on_result: Callable[[RunReport], None]):
         self.config, self.cells, self.report, self.on_result = config, cells, report, on_result
         self.started = time.monotonic()
+        #: What starting a round's fork server took last (``--fork-server per-round``): part of
+        #: what another round costs.
+        self.server_s = 0.0
 
     def device(self, slot: DeviceSlot, names: list[str], devices_left: int) -> None:
         """Every round on ``slot``: the first ``--rounds``, then those the policy names (warm pairs)."""
@@ -118,7 +121,7 @@ class _Run:
                     due.sort(key=lambda n: n != "eager")
             elif paired and policy is not None:
                 names_due = policy.next_round(k, report.rows(slot.name), report.verdicts[slot.name],
-                                              deadline - time.monotonic(), lambda n: self._cost(n, slot))
+                                              deadline - time.monotonic() - self.server_s, lambda n: self._cost(n, slot))
                 due = round_order(names_due, report.order_seed, slot.name, k, config.rounds)
                 self.cells.todo += len(due) + 1  # and eager's round
             else:
@@ -134,6 +137,11 @@ class _Run:
         """Run round ``this`` and fold each cell into the report as it ends; round 1 first makes the
         device's parity reference, and with warm pairs runs eager's cold cell alone before the pairs."""
         config, report, slot, k = self.config, self.report, this.slot, this.k
+        if k > 1 and config.fork_server == "per-round" and not config.distributed:
+            # Every child of one server shares its address-space layout, which moves a small step's
+            # time by a few per cent, differently per backend: a new layout per round makes it part
+            # of the round-to-round scatter the interval covers (docs/verdicts.md, "One layout per run").
+            self.server_s = renew_server(config)
         reference_s = None  # the reference's seconds, put on round 1's first row with a parity check
         if k == 1:
             info = self.cells.reference(slot, this.order)

@@ -52,9 +52,9 @@ MAX_ENTRIES = 16
 MAX_BYTES = 20 * 2**30
 #: Config fields that don't change the reference: what runs, where, how long, how it is supervised
 #: and how the rows are paired.
-_NOT_KEYED = ("backends", "devices", "timeout_s", "max_memory_mb", "backend_options", "compile_cache",
+NOT_KEYED = ("backends", "devices", "timeout_s", "max_memory_mb", "backend_options", "compile_cache",
               "compile_threads", "rounds", "target", "budget_s", "round_s", "node_rank", "rdzv_endpoint",
-              "reference_cache")
+              "reference_cache", "fork_server")
 _KEY_FILE = "key.json"
 
 
@@ -124,7 +124,7 @@ def key(workload: Any, device: str, config: RunConfig, plan: ReferencePlan) -> t
         "device": device.split(":")[0],
         "device_model": _device_model(device),
         "workload": {"name": workload.name, **_workload_source(workload)},
-        "config": {k: v for k, v in config.to_dict().items() if k not in _NOT_KEYED},  # threads resolved
+        "config": {k: v for k, v in config.to_dict().items() if k not in NOT_KEYED},  # threads resolved
         "plan": {"parity_steps": list(plan.parity_steps), "steps": plan.steps, "precisions": list(plan.precisions),
                  "shards": plan.shards},
     }
