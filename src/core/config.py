@@ -48,8 +48,8 @@ MALLOC_POLICIES = ("system", "reuse")
 #: child forked from one server has its address-space layout (ASLR), and a layout moves a small
 #: step's time by a few per cent, differently for different code (docs/verdicts.md, "One layout
 #: per run"). per-round: a new server each round, so a row's rounds each draw a layout and the
-#: interval over rounds covers it. per-run: one for the run (a server start, ~3 s here, less per
-#: round), every round in one layout: an effect the interval can't see.
+#: interval over rounds covers it. per-run: one for the run (a server start, about 4 s here, less
+#: per round), every round in one layout: an effect the interval can't see.
 FORK_SERVER_MODES = ("per-round", "per-run")
 
 DEFAULT_WORKLOAD = "seed-cnn"
@@ -273,7 +273,7 @@ class RunConfig:
     fork_server: str = option(
         "per-round", "--fork-server", "per-round: each round's cells are forked from a new fork server, a new "
         "address-space layout, so the speedup's interval covers what the layout does to a row's step; per-run: one "
-        "server for the run (one layout for every round: about 3 s less per round, and an interval that can't see "
+        "server for the run (one layout for every round: about 4 s less per round here, and an interval that can't see "
         "the layout)", choices=FORK_SERVER_MODES)
     #: Reuse the parity reference an earlier run cached (``run/reference_cache.py``); ``--no-cache``
     #: turns it off. It changes nothing a cell measures.

@@ -53,8 +53,8 @@ MAX_BYTES = 20 * 2**30
 #: Config fields that don't change the reference: what runs, where, how long, how it is supervised
 #: and how the rows are paired.
 NOT_KEYED = ("backends", "devices", "timeout_s", "max_memory_mb", "backend_options", "compile_cache",
-              "compile_threads", "rounds", "target", "budget_s", "round_s", "node_rank", "rdzv_endpoint",
-              "reference_cache", "fork_server")
+             "compile_threads", "rounds", "target", "budget_s", "round_s", "node_rank", "rdzv_endpoint",
+             "reference_cache", "fork_server")
 _KEY_FILE = "key.json"
 
 
