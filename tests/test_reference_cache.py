@@ -131,3 +131,17 @@ def test_the_command_line_reuses_and_no_cache_recomputes(cache, tmp_path, capsys
                      data["references"]["cpu"]["cache"] is not None))
     assert seen == [(True, False, True), (True, True, True), (False, False, False)]
     assert "reused from the cache" in (tmp_path / "run1.md").read_text()
+
+
+def test_an_evicted_entry_this_process_remembers_is_made_again(cache, tiny_config):
+    """The in-process table remembers where a reference lies; the cache may evict it meanwhile
+    (other runs publish newer entries): the next run makes it again instead of linking nothing."""
+    import shutil
+
+    config = tiny_config(backends=("eager",), devices=("cpu",))
+    first = _run(config).references["cpu"]
+    shutil.rmtree(first.cache)
+    second = _run(config)
+    again = second.references["cpu"]
+    assert second.results[0].status is Status.OK and second.results[0].parity.passed, second.results[0].error
+    assert not again.reused and again.cache == first.cache and os.path.isdir(again.cache)

@@ -220,10 +220,23 @@ _REFERENCES: dict[str, tuple[str, Optional[ReferenceInfo]]] = {}
 def _reference_key(workload: Any, slot: DeviceSlot, config: RunConfig, plan: ReferencePlan) -> str:
     import json
 
-    from .reference_cache import NOT_KEYED
+    from . import reference_cache
 
-    job = {k: v for k, v in config.to_dict().items() if k not in NOT_KEYED}
-    return json.dumps([slot.name, workload.name, job, plan.__dict__], sort_keys=True, default=str)
+    job = {k: v for k, v in config.to_dict().items() if k not in reference_cache.NOT_KEYED}
+    # Which cache it came from: a process that moves the cache (a test, a library user) must not
+    # be handed an entry of the old one.
+    where = str(reference_cache.root()) if config.reference_cache else None
+    return json.dumps([slot.name, workload.name, job, plan.__dict__, where], sort_keys=True, default=str)
+
+
+def _still_there(where: str, device: str) -> bool:
+    """Whether a remembered reference directory still holds the reference or its error: a cache
+    entry can be evicted, deleted by hand or lie in a removed temporary directory while this
+    process still remembers it."""
+    from ..cell.reference import paths
+
+    tensors, meta, error = paths(where, device)
+    return (os.path.exists(tensors) and os.path.exists(meta)) or os.path.exists(error)
 
 
 def _remove_at_exit(path: str) -> None:
@@ -263,14 +276,19 @@ def ensure_reference(backends: list[Any], workload: Any, slot: DeviceSlot, confi
         return None
     plan = reference_plan(runnable, config)
     key = _reference_key(workload, slot, config, plan)
-    if key in _REFERENCES:
+    if key in _REFERENCES and _still_there(_REFERENCES[key][0], slot.name):
         where, info = _REFERENCES[key]
+        if info is not None and info.cache:
+            os.utime(info.cache)  # a use, as a lookup records it: eviction takes the least recently used
         info = replace(info, reused=True) if info is not None else None
     else:
         where, info = _REFERENCES[key] = _obtain_reference(runnable[0], workload, slot, config, plan)
     for cached, linked in zip(paths(where, slot.name), paths(run_dir, slot.name)):
         if os.path.exists(cached) and not os.path.exists(linked):
-            os.symlink(cached, linked)
+            try:  # a hard link outlives the entry's eviction by a run beside this one
+                os.link(cached, linked)
+            except OSError:  # another file system
+                os.symlink(cached, linked)
     return info
 
 
