@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from cnncompare.core.cell.memory import heap_in_use_known
 from cnncompare.core.records import Status
 from cnncompare.core.results import RunReport
 from cnncompare.core.run.devices import DeviceSlot
@@ -52,9 +53,12 @@ def test_every_builtin_is_ok_with_parity_passed(builtin_report):
     for r in report.results:  # distance to the hardware, same step and probe for every row
         assert r.gflop_per_step == by_name["eager"].gflop_per_step > 0
         assert r.peak_gflops > 0 and 0 < r.pct_of_peak < 100 and r.peak_precision == "fp32"
-        # against the eager process the row was paired with (eager's own row: itself)
         partner = r.eager_peak_rss_steady_mb if r.backend != "eager" else r.peak_rss_steady_mb
-        assert partner > r.rss_baseline_mb and r.memory_vs_eager == r.peak_rss_steady_mb / partner
+        assert partner > r.rss_baseline_mb  # the eager process the row was paired with (eager's own row: itself)
+        if heap_in_use_known():  # allocated memory, against eager's own cell
+            assert r.memory_vs_eager == r.allocated_peak_steady_mb / by_name["eager"].allocated_peak_steady_mb
+        else:  # RSS, against that eager process
+            assert r.memory_vs_eager == r.peak_rss_steady_mb / partner
         assert r.compile_cache == "cold"
         assert r.cpu_user_s_per_step > 0 and r.cpu_sys_s_per_step >= 0 and r.page_faults_per_step >= 0
     assert by_name["eager"].dynamo is None and by_name["jit-script"].dynamo is None
@@ -262,6 +266,13 @@ def test_rounds_beyond_the_minimum_go_to_wide_intervals_while_the_budget_lasts(m
             assert all(len(r.round_eager_samples[k]) == len(r.round_samples[k]) == 3 for k in ran)
     assert all(info.order for info in report.round_log["cpu"][2:])  # who ran each extra round is logged
     assert renewals == []
+    # memory: allocated, from each row's round-1 cell; eager against itself is 1 to well within 2 %
+    rows = {r.backend: r for r in report.results}
+    if heap_in_use_known():
+        assert all(r.allocated_peak_steady_mb > 10 for r in rows.values())
+        control = rows["eager-control"]
+        assert control.memory_vs_eager == control.allocated_peak_steady_mb / rows["eager"].allocated_peak_steady_mb
+        assert abs(control.memory_vs_eager - 1) < 0.002, control.memory_vs_eager
 
 
 def test_fast_steps_make_a_round_of_more_pairs_than_steps():

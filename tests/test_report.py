@@ -127,6 +127,35 @@ def test_os_usage_per_step_counts_fresh_pages():
     assert faults > 0 and user_s + sys_s > 0  # (as few as 32 faults where huge pages back the mapping)
 
 
+_ALLOCATED = """
+import sys, torch
+from cnncompare.core.cell.memory import allocated_peak_mb
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+optimizer = torch.optim.Adam(model.parameters())
+def step():
+    optimizer.zero_grad()
+    held = torch.ones(16 * 1024 * 1024) if sys.argv[1] == "temporary" else None  # 64 MB through the step
+    model(torch.randn(64, 512)).logsumexp(1).mean().backward()
+    optimizer.step()
+    del held
+for _ in range(3):
+    step()
+print(allocated_peak_mb(step))
+"""
+
+
+@pytest.mark.skipif(not memory.heap_in_use_known(), reason="the allocated peak needs glibc 2.33+")
+def test_the_allocated_peak_is_the_same_in_every_process_and_counts_a_steps_tensors():
+    def peak(variant):
+        return float(subprocess.run([sys.executable, "-c", _ALLOCATED, variant], capture_output=True, text=True,
+                                    check=True).stdout.split()[-1])
+
+    plain = [peak("plain") for _ in range(2)]
+    assert plain[0] > 1 and abs(plain[0] - plain[1]) < 0.05  # no heap in it: the same in both processes
+    assert peak("temporary") - plain[0] == pytest.approx(64, abs=1)
+
+
 _REALLOCATE = """
 import resource, sys, torch
 from cnncompare.core.cell.memory import use_malloc

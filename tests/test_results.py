@@ -87,6 +87,19 @@ def test_break_even_agrees_with_the_speedup_over_rounds():
     assert faster.break_even_steps == math.ceil(5.0 / (1.0 * (1 - 1 / faster.speedup_vs_eager)))
 
 
+def test_memory_vs_eager_on_the_cpu_compares_allocated_peaks_not_rss():
+    """Identical processes' RSS differs by several per cent (the heap); their allocated peaks
+    don't: the CPU ratio is the allocated peaks', eager's from its own cell."""
+    eager, fused = _cell("eager", 1.0), _cell("fused", 0.8)
+    eager.allocated_peak_steady_mb, fused.allocated_peak_steady_mb = 1352.0, 1081.6
+    fused.peak_rss_steady_mb, fused.eager_peak_rss_steady_mb = 1700.0, 1600.0  # the heap's draw: 6 % more
+    derive([eager, fused], units_per_step=1)
+    assert fused.memory_vs_eager == pytest.approx(0.8)
+    fused.allocated_peak_steady_mb = None  # none had (no glibc): RSS against its eager partner
+    derive([eager, fused], units_per_step=1)
+    assert fused.memory_vs_eager == pytest.approx(1700 / 1600)
+
+
 def test_memory_vs_eager_compares_steady_peaks_not_one_off_ones():
     eager, tuned = _cell("eager", 1.0), _cell("tuned", 0.5)
     eager.cuda_peak_allocated_steady_mb, eager.cuda_peak_allocated_mb = 100.0, 120.0

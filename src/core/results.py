@@ -53,7 +53,9 @@ from .stats import StepStats
 #: 14: the loop: each row's ``loop_rehearsal`` (the loop's events as its cell met them) and ``loop``
 #: (``total_s``, ``speedup_vs_eager``, ``speedup_ci``, ``recompiles``, ``events``, ``error``); the config's
 #: ``workload.loop``. Older files read with no loop figures.
-SCHEMA_VERSION = 14
+#: 15: each row's ``allocated_peak_steady_mb`` (the CPU's allocated peak of a step: what
+#: ``memory_vs_eager`` compares on the CPU); the config's ``fork_server`` (older files: ``per-run``).
+SCHEMA_VERSION = 15
 
 #: Environment keys that must match for two runs to be comparable cell by cell.
 #: (The thread count is the config's, compared there.)

@@ -15,6 +15,8 @@ Phases and what a failure in each means:
                                                           compiler raised, else fail_run
   warmup, steps                                        -> fail_run
   non-finite loss (inference: output) in any step      -> fail_accuracy
+  allocated   two more steps under torch.profiler, on   -> a note only: no allocated peak,
+              the CPU, round 1 (memory.allocated_peak_mb)  the RSS ratio stands in
   loop        the run's loop events (loop.py), round 1  -> the row's loop_rehearsal.error only:
               only, not under DDP                          the step's figures stand
   parity      steps 1 and N vs float64 eager, every
@@ -45,7 +47,7 @@ from . import rank as ddp
 from . import reference
 from .diagnostics import DynamoWatch
 from .loop import rehearse
-from .memory import DescendantsPeak, PhasePeaks, current_rss_mb, per_step_usage, process_usage, use_malloc
+from .memory import DescendantsPeak, PhasePeaks, allocated_peak_mb, current_rss_mb, per_step_usage, process_usage, use_malloc
 from .parity import compare_with_reference, output_snapshot, parity_step, snapshot, weights_snapshot
 from .rank import Rank
 from .roofline import roofline
@@ -347,6 +349,18 @@ def measure(backend: Any, workload: Any, config: RunConfig, device_name: str,
         return fail(record, exc, phase)
     record.dynamo = watch.report(cuda_index)
     record.compile_threads = compile_threads() if record.dynamo is not None else None
+    if judge and not cuda and rank is None:
+        # Two more steps, untimed, after every step figure and the diagnostics (what compiles the
+        # profiler's presence might cause counts nowhere): the allocated peak memory_ratio compares.
+        def another(after=iter(range(2 + warmup + len(record.step_samples), sys.maxsize)), step=step,
+                    inputs=inputs) -> Any:
+            return step(*inputs(next(after)))
+
+        try:
+            record.allocated_peak_steady_mb = allocated_peak_mb(another)
+        except Exception as exc:  # the profiler's, most likely: the steps ran before; the RSS ratio stands in
+            record.notes.append(f"no allocated peak: {type(exc).__name__}: {exc}")
+        del another  # it holds the model, freed before the parity check
     if judge and rank is None:  # after every step figure and the diagnostics: the loop's events
         on_phase("loop", 0, 1)
         record.loop_rehearsal = rehearse(

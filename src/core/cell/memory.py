@@ -6,13 +6,18 @@ the current RSS, so compile + first step, the warm-up and the measured steps
 get separate peaks (``PhasePeaks``, with CUDA's allocator peaks beside them).
 Elsewhere only the lifetime peak (``ru_maxrss``) is known. Compile workers are
 processes of their own: ``DescendantsPeak`` samples them.
+
+RSS carries the C library's heap, which differs between identical processes by several per cent;
+``allocated_peak_mb`` measures what a step holds allocated instead, the same to the byte in every
+process that runs the same code (what a row's memory is compared with eager's by, on the CPU).
 """
 from __future__ import annotations
 
+import ctypes
 import resource
 import sys
 import threading
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import psutil
 
@@ -163,3 +168,73 @@ def use_malloc(policy: str) -> None:
     # mallopt returns 1 on success, 0 on a refused value.
     if not (libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)):
         raise OSError("glibc's mallopt refused M_MMAP_MAX=0 / M_TRIM_THRESHOLD")
+
+
+class _MallInfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (2.33 and newer): every field a ``size_t``."""
+
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _heap_in_use_mb() -> Optional[float]:
+    """Bytes the C library has handed out and not had back, every arena and mapping summed
+    (``mallinfo2``: ``uordblks + hblkhd``); None without glibc 2.33 or newer."""
+    try:
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    return (info.uordblks + info.hblkhd) / _MB
+
+
+def heap_in_use_known() -> bool:
+    """Whether this process's C library says what it has handed out (``allocated_peak_mb`` can run)."""
+    return _heap_in_use_mb() is not None
+
+
+#: The profiler's range around the step ``allocated_peak_mb`` measures.
+_MEASURED = "cnncompare.allocated_peak"
+
+
+def allocated_peak_mb(step: Callable[[], object]) -> Optional[float]:
+    """The most memory the process holds allocated during one step: what the C library has handed
+    out when the step begins, plus the largest rise of tensor bytes in it (``torch.profiler``'s
+    memory events). Runs ``step`` twice, untimed: the first makes every block the second frees
+    one the profiler saw allocated (a block from before it has no size to subtract). None where
+    the C library can't say (not glibc 2.33+) or the profiler records no CPU memory.
+
+    Unlike the steady peak RSS, it has no heap in it: identical processes agree to the byte
+    (RSS scatters by several per cent between them), so a ratio of two rows is the backends'
+    difference alone. The CPU's counterpart of CUDA's ``max_memory_allocated``; the step's
+    Python objects and a backend's own C++ buffers are in the starting figure, a step's
+    temporary tensors in the rise."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    if not heap_in_use_known():
+        return None
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+        start = _heap_in_use_mb()
+        with record_function(_MEASURED):
+            step()
+    events = list(prof.profiler.kineto_results.events()) if prof.profiler and prof.profiler.kineto_results else []
+    measured = [e for e in events if e.name() == _MEASURED]
+    memory = sorted((e for e in events if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU),
+                    key=lambda e: e.start_ns())
+    if start is None or not measured or not memory:
+        return None
+    begins, ends = measured[0].start_ns(), measured[0].end_ns()
+    held = rise = at_start = 0
+    for event in memory:
+        if event.start_ns() > ends:
+            break
+        held += event.nbytes()
+        if event.start_ns() >= begins:
+            rise = max(rise, held - at_start)
+        else:
+            at_start = held
+    return start + rise / _MB
+

@@ -116,6 +116,11 @@ COLUMNS: tuple[Column, ...] = (
            "parity snapshot); the JSON has each phase (`peak_rss_first_step_mb`, `peak_rss_warmup_mb`, "
            "`peak_rss_steady_mb`) and the lifetime peak `peak_rss_mb`. Inductor's compile workers are processes of "
            "their own and not in it (see compile workers)."),
+    Column("allocated peak (MB)", "CPU: the most memory the cell's process holds allocated during a training step "
+           "(`allocated_peak_steady_mb`), measured in one more, untimed step after the measured ones: the C "
+           "library's bytes in use as the step begins (glibc's `mallinfo2`) plus the largest rise of the step's "
+           "tensors (`torch.profiler`'s memory events). Unlike RSS it has no free heap in it, so processes running "
+           "the same code agree to the byte; what memory ÷ eager compares on the CPU. Round 1's cell; glibc only."),
     Column("CUDA peak alloc steady / one-off, reserved (MB)", "`torch.cuda.max_memory_allocated` over the measured "
            "steps and over compile, first step and warm-up; `max_memory_reserved` over the cell (CUDA devices "
            "only). Neither counts the CUDA context."),
@@ -126,9 +131,12 @@ COLUMNS: tuple[Column, ...] = (
            "convolutions and matmuls as torch's flags say, weighted by their FLOPs; bf16 or fp16 for mixed "
            "precision. How far from the hardware the step runs."),
     Column("memory ÷ eager", "this row's steady peak ÷ eager's: 0.80x uses 20 % less memory than eager, 1.25x 25 % "
-           "more. CUDA allocated where both have it, else RSS; measured steps only, so one-off peaks such as "
-           "autotuning are not in it. Eager's is the eager process the row's round-1 cell was paired with: the same "
-           "phase of the same kind of process. A row that replays CUDA graphs is compared by reserved memory; a "
+           "more. Allocated memory, as PyTorch's own harness compares it: on the CPU the allocated peak (the "
+           "column before; eager's from its own cell), on CUDA the measured steps' CUDA allocated peak against the "
+           "eager process the row's round-1 cell was paired with (the same phase of the same kind of process); "
+           "one-off peaks such as autotuning are not in it. Without glibc, RSS against that eager process: "
+           "identical processes' RSS differs by several per cent, so read such a ratio within about 5 % of 1 as "
+           "no difference. A row that replays CUDA graphs is compared by reserved memory; a "
            "backend with an allocator of its own gets none on CUDA."),
     Column("page faults / step, kernel CPU s / step", "from `getrusage` around the measured steps (every thread of "
            "the cell's process): the OS's share of a step. A tensor larger than glibc's mmap threshold is mapped "

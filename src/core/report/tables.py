@@ -97,6 +97,8 @@ def cost_table(results: list[CellResult], config: RunConfig) -> Optional[str]:
     headers = ["backend", per_s(config), "own median (s)", "own IQR (s)", "compile (s)", "first step (s)"]
     headers += ["warm first step (s)"] if warm else []
     headers.append("peak RSS steady / one-off (MB)" if phases else "peak RSS (MB)")
+    allocated = any(r.allocated_peak_steady_mb is not None for r in results)
+    headers += ["allocated peak (MB)"] if allocated else []
     headers.append("memory ÷ eager")
     loop = not _loop_declared(config) and any(r.loop is not None for r in results)
     headers += ["loop: time, vs eager"] if loop else []
@@ -112,8 +114,9 @@ def cost_table(results: list[CellResult], config: RunConfig) -> Optional[str]:
                num(r.first_step_s)]
         row += [num(r.warm_first_step_s)] if warm else []
         row += [_steady_and_one_off(r.peak_rss_steady_mb, one_off_peak(r.peak_rss_first_step_mb, r.peak_rss_warmup_mb),
-                                    r.peak_rss_mb),
-                "–" if r.memory_vs_eager is None else f"{r.memory_vs_eager:.2f}x"]
+                                    r.peak_rss_mb)]
+        row += [num(r.allocated_peak_steady_mb, 4)] if allocated else []
+        row += ["–" if r.memory_vs_eager is None else f"{r.memory_vs_eager:.2f}x"]
         row += [loop_cell(r)] if loop else []
         if cuda:
             row += [_steady_and_one_off(r.cuda_peak_allocated_steady_mb,

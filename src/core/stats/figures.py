@@ -430,17 +430,23 @@ def _derive_scaling(r: "CellResult", units_per_step: int, slowest_median: float)
 
 def memory_ratio(eager: "CellResult", r: "CellResult") -> Optional[float]:
     """This backend's steady-state peak / eager's (< 1: uses less; 0.80 is 20 % less), as PyTorch's
-    own harness compares them: the measured steps' peak of CUDA allocations where both have them,
-    else of process RSS. Eager's is the eager process the row's round-1 cell was paired with
-    where it has one (the same phase of the same kind of process, in the same minute), else
-    eager's own cell's (unpaired runs; older reports: the lifetime peaks). One-off peaks (compile,
-    autotuning, CUDA-graph recording in the warm-up) are reported apart, not compared here.
+    own harness compares them: allocated memory, not the allocator's. On the CPU the allocated
+    peak of a step after the measured ones (``allocated_peak_steady_mb``, eager's from its own
+    cell: the figure is the same to the byte in every process running the same code); on CUDA
+    the measured steps' peak of CUDA allocations. Where neither is had (not glibc; older
+    reports) process RSS, whose heap scatters by several per cent between identical processes:
+    eager's is the eager process the row's round-1 cell was paired with where it has one (the
+    same phase of the same kind of process, in the same minute), else eager's own cell's
+    (unpaired runs; older reports: the lifetime peaks). One-off peaks (compile, autotuning,
+    CUDA-graph recording in the warm-up) are reported apart, not compared here.
 
     A row that replays CUDA graphs writes its activations into the graph pool's blocks, which
     stay reserved but are not allocations during a replay: it is compared by reserved memory
     (both rows). A row whose device memory is its own allocator's has no CUDA ratio (None)."""
     if r.cuda_memory_incomparable and r.cuda_peak_allocated_mb is not None:
         return None
+    if eager.allocated_peak_steady_mb and r.allocated_peak_steady_mb:
+        return r.allocated_peak_steady_mb / eager.allocated_peak_steady_mb
     graphs = r.dynamo is not None and bool(r.dynamo.cudagraphs_recorded)
     if r.eager_peak_rss_steady_mb is not None:  # the row's own eager partner
         pairs = [(r.eager_cuda_peak_reserved_steady_mb, r.cuda_peak_reserved_steady_mb)] if graphs else \
