@@ -45,7 +45,10 @@ def steady_peak(batch, size, threads):
     reset_peak_rss()
     for _ in range(4):
         step()
-    return peak_rss_mb(), allocated_peak_mb(step)
+    import time
+    start = time.perf_counter()
+    allocated = allocated_peak_mb(step)
+    return peak_rss_mb(), allocated, time.perf_counter() - start
 """
 
 FORKED = STEADY + """
@@ -55,7 +58,7 @@ for _ in range(n):
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
-        os.write(write, ("%.1f %.3f\\n" % steady_peak(batch, size, threads)).encode())
+        os.write(write, ("%.1f %.3f %.2f\\n" % steady_peak(batch, size, threads)).encode())
         os._exit(0)
     os.close(write)
     print(os.read(read, 64).decode().strip().replace(" ", ","), flush=True)
@@ -63,7 +66,7 @@ for _ in range(n):
 """
 
 FRESH = STEADY + """
-print("%.1f,%.3f" % steady_peak(*map(int, sys.argv[1:4])))
+print("%.1f,%.3f,%.2f" % steady_peak(*map(int, sys.argv[1:4])))
 """
 
 
@@ -75,8 +78,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     shape = [str(args.batch), str(args.image_size), str(args.threads)]
-    def peaks(stdout: str) -> list[tuple[float, float]]:
-        return [(float(rss), float(allocated)) for rss, allocated in (line.split(",") for line in stdout.split())]
+    def peaks(stdout: str) -> list[tuple[float, ...]]:
+        """(steady peak RSS, allocated peak, the seconds allocated_peak_mb took) per process."""
+        return [tuple(float(v) for v in line.split(",")) for line in stdout.split()]
 
     fresh = [peaks(subprocess.run([sys.executable, "-c", FRESH, *shape], check=True, capture_output=True,
                                   text=True).stdout)[0] for _ in range(args.processes)]
@@ -93,6 +97,8 @@ def main() -> None:
             mid = statistics.median(values)
             print(f"| {name} | {measure} | {', '.join(f'{v:.{digits}f}' for v in values)} | {mid:.{digits}f} | "
                   f"{100 * (max(values) - min(values)) / mid:.2g} % |")
+    took = statistics.median(run[2] for run in fresh + forked)
+    print(f"\nallocated_peak_mb's two extra steps took {took:.2f} s (median over the processes).")
 
 if __name__ == "__main__":
     main()

@@ -133,7 +133,9 @@ def read_report(row: dict, report: Path) -> None:
     """Each backend's status from the tiny run's JSON, built-ins apart from the plugins' rows."""
     if not report.exists():
         return
-    results = json.loads(report.read_text())["results"]
+    data = json.loads(report.read_text())
+    row["cpu"] = data.get("environment", {}).get("cpu")  # older torch meets each CPU's own code paths
+    results = data["results"]
     builtin = [r for r in results if (r.get("plugin") or "").startswith("cnncompare.")]
     row["backends"] = {r["backend"]: _row_status(r) for r in builtin}
     row["plugin_backends"] = {r["backend"]: _row_status(r) for r in results if r not in builtin}
@@ -161,17 +163,18 @@ def table(rows: dict[str, dict]) -> str:
         "(`pytest -q -n 2 --dist loadfile`),",
         "with that torch, less its one default-config test (full-size parity runs; CI runs it on 2.13).",
         "CUDA-only rows are skipped on a CPU and are not counted. Each row names the commit it tested;",
-        "a row of an earlier commit ran that commit's suite and backends.",
+        "a row of an earlier commit ran that commit's suite and backends. The machine's CPU is named where",
+        "the row recorded it (inductor's CPU code differs by instruction set, and so can its bugs).",
         "",
-        "| torch | python | commit | date | built-ins ok | built-ins not ok | plugins ok | tests | "
+        "| torch | python | cpu | commit | date | built-ins ok | built-ins not ok | plugins ok | tests | "
         "install / backends / tests (s) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for minor in sorted(rows, key=lambda m: tuple(int(x) for x in m.split("."))):
         row = rows[minor]
         if "error" in row:
-            lines.append(f"| {minor} | {row['python']} | {row.get('commit', '')} | {row['date']} | – | {row['error']} "
-                         "| – | – | – |")
+            lines.append(f"| {minor} | {row['python']} | {row.get('cpu') or '–'} | {row.get('commit', '')} | "
+                         f"{row['date']} | – | {row['error']} | – | – | – |")
             continue
         statuses = row.get("backends", {})
         ran = {b: s for b, s in statuses.items() if not s.startswith("skipped")}
@@ -184,7 +187,8 @@ def table(rows: dict[str, dict]) -> str:
         tests = row.get("tests", "")
         if row.get("failed_tests"):
             tests += ": " + ", ".join(f"`{t}`" for t in row["failed_tests"][:6])
-        lines.append(f"| {row.get('torch', minor)} | {row['python']} | {row.get('commit', '')} | {row['date']} | "
+        lines.append(f"| {row.get('torch', minor)} | {row['python']} | {row.get('cpu') or '–'} | "
+                     f"{row.get('commit', '')} | {row['date']} | "
                      f"{sum(s == 'ok' for s in ran.values())}/{len(ran)} | {'; '.join(bad) or '–'} | "
                      f"{plugin_text} | {tests} | {row.get('install_s', 0):.0f} / {row.get('backends_s', 0):.0f} / "
                      f"{row.get('tests_s', 0):.0f} |")
