@@ -247,7 +247,7 @@ class Measured:
     peak_rss_steady_mb: Optional[float] = None
     #: The CPU's allocated peak of a step after the measured ones (``cell.memory.allocated_peak_mb``:
     #: the C library's bytes in use, plus the step's tensors' rise): no heap in it, so identical
-    #: processes agree to the byte. Round 1's cell on the CPU, glibc only; None elsewhere.
+    #: processes agree to 0.01 %. Round 1's cell on the CPU, glibc only; None elsewhere.
     allocated_peak_steady_mb: Optional[float] = None
     workers_peak_rss_mb: Optional[float] = None
     cuda_peak_allocated_mb: Optional[float] = None

@@ -8,7 +8,7 @@ Elsewhere only the lifetime peak (``ru_maxrss``) is known. Compile workers are
 processes of their own: ``DescendantsPeak`` samples them.
 
 RSS carries the C library's heap, which differs between identical processes by several per cent;
-``allocated_peak_mb`` measures what a step holds allocated instead, the same to the byte in every
+``allocated_peak_mb`` measures what a step holds allocated instead, the same to 0.01 % in every
 process that runs the same code (what a row's memory is compared with eager's by, on the CPU).
 """
 from __future__ import annotations
@@ -205,7 +205,7 @@ def allocated_peak_mb(step: Callable[[], object]) -> Optional[float]:
     one the profiler saw allocated (a block from before it has no size to subtract). None where
     the C library can't say (not glibc 2.33+) or the profiler records no CPU memory.
 
-    Unlike the steady peak RSS, it has no heap in it: identical processes agree to the byte
+    Unlike the steady peak RSS, it has no heap in it: identical processes agree to 0.01 %
     (RSS scatters by several per cent between them), so a ratio of two rows is the backends'
     difference alone. The CPU's counterpart of CUDA's ``max_memory_allocated``; the step's
     Python objects and a backend's own C++ buffers are in the starting figure, a step's

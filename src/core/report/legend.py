@@ -116,11 +116,11 @@ COLUMNS: tuple[Column, ...] = (
            "parity snapshot); the JSON has each phase (`peak_rss_first_step_mb`, `peak_rss_warmup_mb`, "
            "`peak_rss_steady_mb`) and the lifetime peak `peak_rss_mb`. Inductor's compile workers are processes of "
            "their own and not in it (see compile workers)."),
-    Column("allocated peak (MB)", "CPU: the most memory the cell's process holds allocated during a training step "
+    Column("allocated peak (MB)", "CPU: the most memory the cell's process holds allocated during a step "
            "(`allocated_peak_steady_mb`), measured in one more, untimed step after the measured ones: the C "
            "library's bytes in use as the step begins (glibc's `mallinfo2`) plus the largest rise of the step's "
            "tensors (`torch.profiler`'s memory events). Unlike RSS it has no free heap in it, so processes running "
-           "the same code agree to the byte; what memory ÷ eager compares on the CPU. Round 1's cell; glibc only."),
+           "the same code agree to within 0.01 %; what memory ÷ eager compares on the CPU. Round 1's cell; glibc only."),
     Column("CUDA peak alloc steady / one-off, reserved (MB)", "`torch.cuda.max_memory_allocated` over the measured "
            "steps and over compile, first step and warm-up; `max_memory_reserved` over the cell (CUDA devices "
            "only). Neither counts the CUDA context."),

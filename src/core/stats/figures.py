@@ -432,7 +432,7 @@ def memory_ratio(eager: "CellResult", r: "CellResult") -> Optional[float]:
     """This backend's steady-state peak / eager's (< 1: uses less; 0.80 is 20 % less), as PyTorch's
     own harness compares them: allocated memory, not the allocator's. On the CPU the allocated
     peak of a step after the measured ones (``allocated_peak_steady_mb``, eager's from its own
-    cell: the figure is the same to the byte in every process running the same code); on CUDA
+    cell: the figure agrees to 0.01 % between processes running the same code); on CUDA
     the measured steps' peak of CUDA allocations. Where neither is had (not glibc; older
     reports) process RSS, whose heap scatters by several per cent between identical processes:
     eager's is the eager process the row's round-1 cell was paired with where it has one (the
